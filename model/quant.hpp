@@ -1,0 +1,40 @@
+// Tensor element types: half-precision conversions, dequantization of quantized blocks to f32, and a row dot
+// product for linear layers. Block layouts follow ggml (all fields little-endian, f16 = IEEE binary16):
+//
+//   q4_0  32 values, 18 bytes: f16 d, u8 qs[16]                y[j] = (lo(qs[j]) - 8) d, y[j+16] = (hi(qs[j]) - 8) d
+//   q4_1  32 values, 20 bytes: f16 d, f16 m, u8 qs[16]         y[j] = lo(qs[j]) d + m,   y[j+16] = hi(qs[j]) d + m
+//   q8_0  32 values, 34 bytes: f16 d, i8 qs[32]                y[j] = qs[j] d
+//   q4_K 256 values, 144 bytes: f16 d, f16 dmin, u8 scales[12], u8 qs[128]
+//   q5_K 256 values, 176 bytes: f16 d, f16 dmin, u8 scales[12], u8 qh[32], u8 qs[128]
+//         eight sub-blocks of 32 with a 6-bit scale sc and 6-bit min mn each: y = d sc q - dmin mn
+//   q6_K 256 values, 210 bytes: u8 ql[128], u8 qh[64], i8 scales[16], f16 d
+//         sixteen sub-blocks of 16 with an i8 scale each: y = d scale (q - 32), q 6 bits
+//   bf16  the upper 16 bits of an f32
+// (lo/hi = low/high nibble.) The K-quant bit placement is spelled out in quant.cpp.
+#pragma once
+
+#include <cstdint>
+
+#include "model/gguf.hpp"
+
+namespace cascade::gguf {
+
+// Exact binary16 -> binary32 (subnormals, infinities and NaN included).
+float fp16_to_fp32(uint16_t h);
+// Round to nearest even; overflow gives infinity, NaN stays NaN.
+uint16_t fp32_to_fp16(float f);
+float bf16_to_fp32(uint16_t h);
+// Round to nearest even; NaN stays NaN.
+uint16_t fp32_to_bf16(float f);
+
+// Types dequantize_row and dot_row handle: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K.
+bool can_dequantize(TensorType t);
+
+// dst[0..n) = the n values stored at src. n must be a multiple of block_size(t); an unsupported type throws
+// an Error naming the type (callers add the tensor name).
+void dequantize_row(TensorType t, const void* src, float* dst, int64_t n);
+
+// sum over k < n of row[k] * x[k], row stored as type t. Same contract as dequantize_row.
+float dot_row(TensorType t, const void* row, const float* x, int64_t n);
+
+}  // namespace cascade::gguf
