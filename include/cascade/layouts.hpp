@@ -1,0 +1,149 @@
+// The baselines' layouts, built from a cascade plan (owning copies of its K/V):
+//   split   : every sequence gets its own contiguous buffer holding all keys on its path (shared
+//             segments copied once per sequence), as llama.cpp's per-sequence KV streams do;
+//   unified : one buffer holding every segment once; each key carries the set of sequences that may see
+//             it and its position, and the queries are masked (llama.cpp's unified KV cache).
+// Both compute exactly what the plan computes; the tests and the benchmark use them side by side.
+#pragma once
+
+#include <cstdint>
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cascade/cpu/attention.hpp"
+#include "cascade/kv.hpp"
+#include "cascade/plan.hpp"
+
+namespace cascade {
+
+namespace layout_detail {
+// Appends tokens [0, kv.n_tokens) of kv to k/v (dense (n, n_kv_heads, head_dim) rows of elem bytes).
+inline void append_tokens(const KvView& kv, std::vector<uint8_t>& k, std::vector<uint8_t>& v) {
+  const int64_t es = dtype_size(kv.dtype);
+  const int64_t row_bytes = es * kv.head_dim;
+  for (int64_t t = 0; t < kv.n_tokens; ++t) {
+    for (int h = 0; h < kv.n_kv_heads; ++h) {
+      const int64_t off = kv.offset(t, h) * es;
+      const auto* ks = static_cast<const uint8_t*>(kv.k) + off;
+      const auto* vs = static_cast<const uint8_t*>(kv.v) + off;
+      k.insert(k.end(), ks, ks + row_bytes);
+      v.insert(v.end(), vs, vs + row_bytes);
+    }
+  }
+}
+
+inline KvView dense_view(DType dt, const std::vector<uint8_t>& k, const std::vector<uint8_t>& v, int64_t n_tokens,
+                         int n_kv_heads, int head_dim) {
+  KvView kv;
+  kv.dtype = dt;
+  kv.n_tokens = n_tokens;
+  kv.n_kv_heads = n_kv_heads;
+  kv.head_dim = head_dim;
+  kv.k = k.data();
+  kv.v = v.data();
+  kv.stride_head = head_dim;
+  kv.stride_token = int64_t(n_kv_heads) * head_dim;
+  return kv;
+}
+}  // namespace layout_detail
+
+struct SplitLayout {
+  std::vector<std::vector<uint8_t>> k, v;  // per sequence: (n_keys, n_kv_heads, head_dim)
+  Plan plan;                               // Plan::independent over those buffers
+  SplitLayout() = default;
+  SplitLayout(SplitLayout&&) = default;  // the plan points into the buffers: move, never copy
+  SplitLayout& operator=(SplitLayout&&) = default;
+  size_t kv_bytes() const {
+    size_t n = 0;
+    for (const auto& b : k) n += 2 * b.size();
+    return n;
+  }
+};
+
+// All segments of a split layout take the dtype of the sequence's first segment; paths mixing dtypes
+// are refused.
+inline SplitLayout make_split(const Plan& plan) {
+  const HeadShape& shape = plan.shape();
+  SplitLayout out;
+  out.k.resize(plan.n_sequences());
+  out.v.resize(plan.n_sequences());
+  std::vector<KvView> views(plan.n_sequences());
+  std::vector<int64_t> n_query(plan.n_sequences());
+  for (int s = 0; s < plan.n_sequences(); ++s) {
+    const Plan::Sequence& sq = plan.sequence(s);
+    const DType dt = sq.path.empty() ? DType::f32 : plan.segment(sq.path[0]).dtype;
+    for (int g : sq.path) {
+      CASCADE_CHECK(plan.segment(g).dtype == dt, "make_split: sequence ", s, " mixes K/V dtypes");
+      layout_detail::append_tokens(plan.segment(g), out.k[s], out.v[s]);
+    }
+    views[s] = layout_detail::dense_view(dt, out.k[s], out.v[s], sq.n_keys, shape.n_kv_heads, shape.head_dim);
+    n_query[s] = sq.n_query;
+  }
+  out.plan = Plan::independent(shape, std::move(views), n_query, plan.scale());
+  return out;
+}
+
+struct UnifiedLayout {
+  std::vector<uint8_t> k, v;          // (n_keys, n_kv_heads, head_dim)
+  std::vector<uint64_t> key_seqs;     // (n_keys, n_words)
+  std::vector<int32_t> key_pos;       // (n_keys)
+  std::vector<int32_t> row_seq, row_pos;  // (n_rows)
+  cpu::UnifiedBatch batch;            // points into the vectors above
+  float scale = 0;
+  UnifiedLayout() = default;
+  UnifiedLayout(UnifiedLayout&&) = default;  // batch points into the vectors: move, never copy
+  UnifiedLayout& operator=(UnifiedLayout&&) = default;
+  size_t kv_bytes() const { return k.size() + v.size(); }
+};
+
+// Every segment stored once, in segment order; all segments must share one dtype.
+inline UnifiedLayout make_unified(const Plan& plan) {
+  const HeadShape& shape = plan.shape();
+  UnifiedLayout u;
+  u.scale = plan.scale();
+  const int n_seq = plan.n_sequences();
+  const int64_t n_words = std::max<int64_t>(1, (n_seq + 63) / 64);
+  DType dt = plan.n_segments() ? plan.segment(0).dtype : DType::f32;
+  // Each segment's start position (the same in every sequence that passes through it) and its sequences.
+  std::vector<int64_t> seg_start(plan.n_segments(), 0);
+  std::vector<std::vector<int>> seg_seqs(plan.n_segments());
+  for (int s = 0; s < n_seq; ++s) {
+    int64_t start = 0;
+    for (int g : plan.sequence(s).path) {
+      seg_start[g] = start;
+      seg_seqs[g].push_back(s);
+      start += plan.segment(g).n_tokens;
+    }
+  }
+  int64_t n_keys = 0;
+  for (int g = 0; g < plan.n_segments(); ++g) {
+    const KvView& kv = plan.segment(g);
+    CASCADE_CHECK(kv.dtype == dt, "make_unified: segments mix K/V dtypes");
+    layout_detail::append_tokens(kv, u.k, u.v);
+    for (int64_t t = 0; t < kv.n_tokens; ++t) {
+      u.key_pos.push_back(int32_t(seg_start[g] + t));
+      const size_t w0 = u.key_seqs.size();
+      u.key_seqs.resize(w0 + n_words, 0);
+      for (int s : seg_seqs[g]) u.key_seqs[w0 + s / 64] |= uint64_t(1) << (s % 64);
+    }
+    n_keys += kv.n_tokens;
+  }
+  for (int s = 0; s < n_seq; ++s) {
+    const Plan::Sequence& sq = plan.sequence(s);
+    for (int64_t i = 0; i < sq.n_query; ++i) {
+      u.row_seq.push_back(s);
+      u.row_pos.push_back(int32_t(sq.n_keys - sq.n_query + i));
+    }
+  }
+  u.batch.kv = layout_detail::dense_view(dt, u.k, u.v, n_keys, shape.n_kv_heads, shape.head_dim);
+  u.batch.key_seqs = u.key_seqs.data();
+  u.batch.n_words = n_words;
+  u.batch.key_pos = u.key_pos.data();
+  u.batch.n_rows = int64_t(u.row_seq.size());
+  u.batch.row_seq = u.row_seq.data();
+  u.batch.row_pos = u.row_pos.data();
+  return u;
+}
+
+}  // namespace cascade

@@ -1,0 +1,95 @@
+// The plain reference: double precision, direct loops, no tiling, no merging. Obviously right, slow.
+// Tests compare every kernel against it element by element.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "cascade/dtype.hpp"
+#include "cascade/kv.hpp"
+#include "cascade/plan.hpp"
+
+namespace cascade {
+
+namespace ref_detail {
+inline double load(const KvView& kv, const void* base, int64_t t, int64_t h, int64_t i) {
+  int64_t off;
+  if (kv.block_table) {
+    off = int64_t(kv.block_table[t / kv.page_size]) * kv.stride_page + (t % kv.page_size) * kv.stride_token;
+  } else {
+    off = t * kv.stride_token;
+  }
+  off += h * kv.stride_head + i;
+  switch (kv.dtype) {
+    case DType::f32: return static_cast<const float*>(base)[off];
+    case DType::f16: return double(to_float(static_cast<const f16*>(base)[off]));
+    case DType::bf16: return double(to_float(static_cast<const bf16*>(base)[off]));
+  }
+  return 0;
+}
+}  // namespace ref_detail
+
+// Sequence s attends the concatenation of seq_kv[s] with n_query[s] query tokens, the last positions of
+// its keys, causally (plan.hpp's convention). q: (sum n_query, n_q_heads, head_dim), rows in sequence
+// order. o: same shape, lse: (rows, n_q_heads), natural log; a row that sees nothing gets (0, -inf).
+inline void reference_attention(const HeadShape& shape, double scale, const std::vector<std::vector<KvView>>& seq_kv,
+                                const std::vector<int64_t>& n_query, const float* q, double* o, double* lse) {
+  const int64_t d = shape.head_dim;
+  const int group = shape.n_q_heads / shape.n_kv_heads;
+  int64_t row = 0;
+  std::vector<double> scores;
+  for (size_t s = 0; s < seq_kv.size(); ++s) {
+    int64_t n_keys = 0;
+    for (const KvView& kv : seq_kv[s]) n_keys += kv.n_tokens;
+    for (int64_t i = 0; i < n_query[s]; ++i, ++row) {
+      const int64_t pos = n_keys - n_query[s] + i;  // sees keys at positions <= pos
+      for (int qh = 0; qh < shape.n_q_heads; ++qh) {
+        const int kvh = qh / group;
+        const float* qr = q + (row * shape.n_q_heads + qh) * d;
+        double* orow = o + (row * shape.n_q_heads + qh) * d;
+        scores.clear();
+        double mx = -std::numeric_limits<double>::infinity();
+        int64_t key = 0;
+        for (const KvView& kv : seq_kv[s]) {
+          for (int64_t t = 0; t < kv.n_tokens; ++t, ++key) {
+            if (key > pos) break;
+            double dot = 0;
+            for (int64_t c = 0; c < d; ++c) dot += double(qr[c]) * ref_detail::load(kv, kv.k, t, kvh, c);
+            scores.push_back(dot * scale);
+            mx = std::max(mx, scores.back());
+          }
+        }
+        for (int64_t c = 0; c < d; ++c) orow[c] = 0;
+        if (scores.empty()) {
+          lse[row * shape.n_q_heads + qh] = -std::numeric_limits<double>::infinity();
+          continue;
+        }
+        double sum = 0;
+        for (double& sc : scores) sum += (sc = std::exp(sc - mx));
+        key = 0;
+        for (const KvView& kv : seq_kv[s]) {
+          for (int64_t t = 0; t < kv.n_tokens && key < int64_t(scores.size()); ++t, ++key) {
+            const double w = scores[key] / sum;
+            for (int64_t c = 0; c < d; ++c) orow[c] += w * ref_detail::load(kv, kv.v, t, kvh, c);
+          }
+        }
+        lse[row * shape.n_q_heads + qh] = mx + std::log(sum);
+      }
+    }
+  }
+}
+
+// The reference of a whole plan: each sequence attends the segments on its path.
+inline void reference_attention(const Plan& plan, const float* q, double* o, double* lse) {
+  std::vector<std::vector<KvView>> seq_kv(plan.n_sequences());
+  std::vector<int64_t> n_query(plan.n_sequences());
+  for (int s = 0; s < plan.n_sequences(); ++s) {
+    for (int g : plan.sequence(s).path) seq_kv[s].push_back(plan.segment(g));
+    n_query[s] = plan.sequence(s).n_query;
+  }
+  reference_attention(plan.shape(), plan.scale(), seq_kv, n_query, q, o, lse);
+}
+
+}  // namespace cascade

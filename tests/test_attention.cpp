@@ -1,0 +1,370 @@
+// cascade == split == unified == reference on fresh random problems, the edge cases, and bad input.
+#include <doctest/doctest.h>
+
+#include "attention_problem.hpp"
+#include "cascade/cascade.hpp"
+
+using namespace cascade;
+using test::Rng;
+
+namespace {
+
+// Tolerances. The reference reads the very same stored K/V values (f16 and bf16 converted exactly to
+// double), so the storage type's rounding is not part of the error: what remains is the kernels' f32
+// arithmetic (scores, exp, and sums over up to ~7000 keys), a few 1e-6 relative. The same bounds hold for
+// every dtype; they sit ~20x above the largest error seen over many seeds and far below any real bug
+// (a wrong mask or a dropped tile moves outputs by 1e-2 or more).
+struct Tol {
+  double atol, rtol;
+};
+Tol tolerance(DType dt) {
+  switch (dt) {
+    case DType::f32: return {5e-6, 5e-5};
+    case DType::f16: return {5e-6, 5e-5};  // see above: stored values are exact in the reference too
+    case DType::bf16: return {5e-6, 5e-5};
+  }
+  return {0, 0};
+}
+
+struct Config {
+  HeadShape shape;
+  DType dtype = DType::f32;
+  bool paged = false;
+  test::Tree tree;
+  std::vector<int64_t> seg_len;
+  std::vector<int64_t> n_query;
+  float amp = 1.0f;  // |q|, |k| bound: scores reach amp^2 * sqrt(head_dim)
+  int n_threads = 0;
+  std::string describe() const {
+    std::ostringstream os;
+    os << "heads " << shape.n_q_heads << "/" << shape.n_kv_heads << "/" << shape.head_dim << " " << dtype_name(dtype)
+       << (paged ? " paged" : " contiguous") << ", " << tree.paths.size() << " sequences, " << seg_len.size()
+       << " segments [";
+    for (size_t g = 0; g < seg_len.size(); ++g) os << (g ? "," : "") << seg_len[g];
+    os << "], queries [";
+    for (size_t s = 0; s < n_query.size(); ++s) os << (s ? "," : "") << n_query[s];
+    os << "], threads " << n_threads;
+    return os.str();
+  }
+};
+
+// Runs the three methods and the reference on cfg and compares every output element and lse.
+void check(Rng& rng, const Config& cfg) {
+  INFO(cfg.describe());
+  std::vector<std::unique_ptr<test::Segment>> store;
+  std::vector<KvView> views;
+  for (int64_t len : cfg.seg_len) {
+    store.push_back(test::make_segment(rng, cfg.dtype, len, cfg.shape.n_kv_heads, cfg.shape.head_dim, cfg.paged,
+                                       cfg.amp));
+    views.push_back(store.back()->view);
+  }
+  const Plan plan = Plan::build(cfg.shape, views, cfg.tree.paths, cfg.n_query);
+  const int64_t n_out = plan.n_rows() * cfg.shape.n_q_heads * cfg.shape.head_dim;
+  const int64_t n_lse = plan.n_rows() * cfg.shape.n_q_heads;
+  std::vector<float> q(static_cast<size_t>(n_out));
+  for (float& x : q) x = rng.uniform(-cfg.amp, cfg.amp);
+
+  std::vector<double> ref_o(static_cast<size_t>(n_out)), ref_lse(static_cast<size_t>(n_lse));
+  reference_attention(plan, q.data(), ref_o.data(), ref_lse.data());
+  const Tol tol = tolerance(cfg.dtype);
+  const cpu::Options opt{cfg.n_threads};
+
+  std::vector<float> o(static_cast<size_t>(n_out), 123.0f), lse(static_cast<size_t>(n_lse), 123.0f);
+  cpu::attend(plan, q.data(), o.data(), lse.data(), opt);
+  test::expect_close(o, ref_o, tol.atol, tol.rtol, "cascade o");
+  test::expect_close(lse, ref_lse, tol.atol, tol.rtol, "cascade lse");
+
+  const SplitLayout split = make_split(plan);
+  std::fill(o.begin(), o.end(), 123.0f);
+  std::fill(lse.begin(), lse.end(), 123.0f);
+  cpu::attend(split.plan, q.data(), o.data(), lse.data(), opt);
+  test::expect_close(o, ref_o, tol.atol, tol.rtol, "split o");
+  test::expect_close(lse, ref_lse, tol.atol, tol.rtol, "split lse");
+
+  const UnifiedLayout uni = make_unified(plan);
+  std::fill(o.begin(), o.end(), 123.0f);
+  std::fill(lse.begin(), lse.end(), 123.0f);
+  cpu::attend_unified(cfg.shape, uni.batch, q.data(), o.data(), lse.data(), opt, plan.scale());
+  test::expect_close(o, ref_o, tol.atol, tol.rtol, "unified o");
+  test::expect_close(lse, ref_lse, tol.atol, tol.rtol, "unified lse");
+}
+
+HeadShape random_shape(Rng& rng) {
+  static const std::vector<int> dims = {32, 48, 64, 72, 80, 96, 112, 128, 160, 256};
+  static const std::vector<int> ratios = {1, 2, 3, 4, 8};
+  HeadShape s;
+  s.head_dim = rng.pick(dims);
+  if (rng.coin(0.15)) {  // MQA: one KV head for all query heads
+    s.n_kv_heads = 1;
+    s.n_q_heads = int(rng.uniform_int(1, 8));
+  } else {
+    s.n_kv_heads = int(rng.uniform_int(1, 3));
+    s.n_q_heads = s.n_kv_heads * rng.pick(ratios);
+  }
+  return s;
+}
+
+// Random lengths with the reference's cost kept near budget (multiply-adds).
+Config random_config(Rng& rng, double budget) {
+  Config c;
+  c.shape = random_shape(rng);
+  c.dtype = rng.pick<DType>({DType::f32, DType::f16, DType::bf16});
+  c.paged = rng.coin();
+  const int depth = int(rng.uniform_int(1, 4));
+  c.tree = test::random_tree(rng, depth, int(rng.uniform_int(1, 64)));
+  c.seg_len.resize(c.tree.parent.size());
+  for (size_t g = 0; g < c.seg_len.size(); ++g) {
+    const bool root = c.tree.parent[g] < 0;
+    // roots are "prefixes" (0-5000), the rest "suffixes" (0-2000); some empty anywhere
+    c.seg_len[g] = rng.coin(0.1) ? 0 : rng.uniform_int(0, root ? 5000 : 2000);
+  }
+  const bool multi = rng.coin(0.3);
+  c.n_query.resize(c.tree.paths.size());
+  for (auto& n : c.n_query) n = multi ? rng.uniform_int(1, 5) : 1;
+  c.n_threads = int(rng.uniform_int(0, 3));
+  // Shrink the lengths until the reference's work fits the budget.
+  for (;;) {
+    double cost = 0;
+    for (size_t s = 0; s < c.tree.paths.size(); ++s) {
+      int64_t keys = 0;
+      for (int g : c.tree.paths[s]) keys += c.seg_len[static_cast<size_t>(g)];
+      cost += double(keys) * double(c.n_query[s]) * c.shape.n_q_heads * c.shape.head_dim * 2;
+    }
+    if (cost <= budget) break;
+    for (auto& len : c.seg_len) len = len * 2 / 3;
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("cascade == split == unified == reference on random problems") {
+  const uint64_t seed = test::fresh_seed();
+  INFO("CASCADE_TEST_SEED=" << seed);
+  Rng rng(seed);
+  for (int it = 0; it < 60; ++it) {
+    CAPTURE(it);
+    check(rng, random_config(rng, 2e7));
+  }
+}
+
+TEST_CASE("large prefix and batch: prefix 5000, 64 sequences, suffix up to 2000") {
+  const uint64_t seed = test::fresh_seed();
+  INFO("CASCADE_TEST_SEED=" << seed);
+  Rng rng(seed);
+  Config c;
+  c.shape = {2, 1, 32};
+  c.dtype = DType::f16;
+  c.tree.parent.push_back(-1);
+  c.seg_len.push_back(5000);
+  for (int s = 0; s < 64; ++s) {
+    c.tree.parent.push_back(0);
+    c.tree.paths.push_back({0, s + 1});
+    c.seg_len.push_back(s == 0 ? 2000 : rng.uniform_int(0, 300));
+    c.n_query.push_back(1);
+  }
+  check(rng, c);
+}
+
+TEST_CASE("every head dim 32-256 that models use, every GQA ratio, both storages") {
+  const uint64_t seed = test::fresh_seed();
+  INFO("CASCADE_TEST_SEED=" << seed);
+  Rng rng(seed);
+  for (int d : {32, 64, 80, 96, 112, 128, 256}) {
+    for (auto [nq, nkv] : std::vector<std::pair<int, int>>{{4, 4}, {4, 2}, {6, 2}, {8, 2}, {8, 1}, {5, 1}}) {
+      Config c;
+      c.shape = {nq, nkv, d};
+      c.dtype = rng.pick<DType>({DType::f32, DType::f16, DType::bf16});
+      c.paged = rng.coin();
+      c.tree.parent = {-1, 0, 0, 0};
+      c.tree.paths = {{0, 1}, {0, 2}, {0, 3}};
+      c.seg_len = {rng.uniform_int(1, 400), rng.uniform_int(0, 100), rng.uniform_int(0, 100), rng.uniform_int(0, 100)};
+      c.n_query = {1, rng.uniform_int(1, 4), 1};
+      check(rng, c);
+    }
+  }
+}
+
+TEST_CASE("edges: empty prefix, empty suffix, empty segments anywhere, batch 1, one key") {
+  const uint64_t seed = test::fresh_seed();
+  INFO("CASCADE_TEST_SEED=" << seed);
+  Rng rng(seed);
+  const HeadShape shape{6, 2, 64};
+  auto two_level = [&](int64_t prefix, std::vector<int64_t> suffix, int64_t n_query) {
+    Config c;
+    c.shape = shape;
+    c.dtype = rng.pick<DType>({DType::f32, DType::f16, DType::bf16});
+    c.paged = rng.coin();
+    c.tree.parent.push_back(-1);
+    c.seg_len.push_back(prefix);
+    for (size_t s = 0; s < suffix.size(); ++s) {
+      c.tree.parent.push_back(0);
+      c.tree.paths.push_back({0, int(s) + 1});
+      c.seg_len.push_back(suffix[s]);
+      c.n_query.push_back(n_query);
+    }
+    return c;
+  };
+  SUBCASE("empty prefix") { check(rng, two_level(0, {5, 17, 300}, 1)); }
+  SUBCASE("empty suffixes") { check(rng, two_level(700, {0, 0, 0, 0}, 1)); }
+  SUBCASE("empty suffixes, several queries: rows before the first key see nothing") {
+    check(rng, two_level(2, {0, 1, 0}, 4));
+  }
+  SUBCASE("batch 1") { check(rng, two_level(333, {44}, 1)); }
+  SUBCASE("one key in all") { check(rng, two_level(1, {0}, 1)); }
+  SUBCASE("one key per suffix, nothing shared") { check(rng, two_level(0, {1, 1, 1}, 1)); }
+  SUBCASE("no keys at all: every row is fully masked") { check(rng, two_level(0, {0, 0}, 2)); }
+  SUBCASE("empty segments in the middle and at the leaves of a depth-4 tree") {
+    Config c;
+    c.shape = shape;
+    c.dtype = DType::f16;
+    c.paged = true;
+    c.tree.parent = {-1, 0, 1, 2, 2, 0};
+    c.tree.paths = {{0, 1, 2, 3}, {0, 1, 2, 4}, {0, 5}};
+    c.seg_len = {100, 0, 37, 0, 9, 0};
+    c.n_query = {1, 3, 2};
+    check(rng, c);
+  }
+}
+
+TEST_CASE("extreme scores: |s| up to 1e4 stay finite and exact") {
+  const uint64_t seed = test::fresh_seed();
+  INFO("CASCADE_TEST_SEED=" << seed);
+  Rng rng(seed);
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    Config c;
+    c.shape = {4, 2, 64};
+    c.dtype = dt;
+    // |q|,|k| <= 40: |s| <= 40*40*64/8 = 12800. f16 holds 40 exactly enough; the reference reads the same values.
+    c.amp = 40.0f;
+    c.tree.parent = {-1, 0, 0};
+    c.tree.paths = {{0, 1}, {0, 2}};
+    c.seg_len = {300, 50, 80};
+    c.n_query = {1, 3};
+    INFO(dtype_name(dt));
+    // Scores near 1e4 lose absolute precision in f32 (ulp(1e4) ~ 1e-3), so a near-tie between the top two
+    // keys could shift weights by ~1e-3; outputs are checked at that looser bound here.
+    std::vector<std::unique_ptr<test::Segment>> store;
+    std::vector<KvView> views;
+    for (int64_t len : c.seg_len) {
+      store.push_back(test::make_segment(rng, dt, len, 2, 64, false, c.amp));
+      views.push_back(store.back()->view);
+    }
+    const Plan plan = Plan::build(c.shape, views, c.tree.paths, c.n_query);
+    std::vector<float> q(static_cast<size_t>(plan.n_rows() * 4 * 64));
+    for (float& x : q) x = rng.uniform(-c.amp, c.amp);
+    std::vector<double> ref_o(q.size()), ref_lse(static_cast<size_t>(plan.n_rows() * 4));
+    reference_attention(plan, q.data(), ref_o.data(), ref_lse.data());
+    std::vector<float> o(q.size()), lse(ref_lse.size());
+    cpu::attend(plan, q.data(), o.data(), lse.data());
+    test::expect_close(o, ref_o, 2e-2, 0, "cascade o, extreme");
+    test::expect_close(lse, ref_lse, 0, 1e-5, "cascade lse, extreme");
+    const UnifiedLayout uni = make_unified(plan);
+    cpu::attend_unified(c.shape, uni.batch, q.data(), o.data(), lse.data());
+    test::expect_close(o, ref_o, 2e-2, 0, "unified o, extreme");
+  }
+}
+
+TEST_CASE("merge: commutative, associative, empty state is the identity, two empties stay empty") {
+  const uint64_t seed = test::fresh_seed();
+  INFO("CASCADE_TEST_SEED=" << seed);
+  Rng rng(seed);
+  for (int it = 0; it < 200; ++it) {
+    const int d = int(rng.uniform_int(1, 300));
+    auto rand_state = [&](std::vector<float>& o) {
+      o.resize(static_cast<size_t>(d));
+      for (float& x : o) x = rng.uniform(-2, 2);
+      return rng.uniform(-50, 50);
+    };
+    std::vector<float> a, b, c;
+    const float la = rand_state(a), lb = rand_state(b), lc = rand_state(c);
+    // (a + b) vs (b + a)
+    std::vector<float> ab(static_cast<size_t>(d)), ba(static_cast<size_t>(d));
+    float lab, lba;
+    merge_state(a.data(), la, b.data(), lb, ab.data(), &lab, d);
+    merge_state(b.data(), lb, a.data(), la, ba.data(), &lba, d);
+    for (int i = 0; i < d; ++i) REQUIRE(std::abs(ab[i] - ba[i]) <= 1e-6f + 1e-6f * std::abs(ab[i]));
+    REQUIRE(std::abs(lab - lba) <= 1e-5f * std::max(1.0f, std::abs(lab)));
+    // (a + b) + c vs a + (b + c) vs n-ary
+    std::vector<float> ab_c(static_cast<size_t>(d)), bc(static_cast<size_t>(d)), a_bc(static_cast<size_t>(d)), nary(static_cast<size_t>(d));
+    float lab_c, lbc, la_bc, lnary;
+    merge_state(ab.data(), lab, c.data(), lc, ab_c.data(), &lab_c, d);
+    merge_state(b.data(), lb, c.data(), lc, bc.data(), &lbc, d);
+    merge_state(a.data(), la, bc.data(), lbc, a_bc.data(), &la_bc, d);
+    const float* os[3] = {a.data(), b.data(), c.data()};
+    const float ls[3] = {la, lb, lc};
+    merge_states(3, os, ls, nary.data(), &lnary, d);
+    // independent check in double: lse = log(e^la + e^lb + e^lc), o = softmax-weighted sum
+    const double m = std::max({double(la), double(lb), double(lc)});
+    const double wa = std::exp(la - m), wb = std::exp(lb - m), wc = std::exp(lc - m);
+    const double lref = m + std::log(wa + wb + wc);
+    for (int i = 0; i < d; ++i) {
+      const double r = (wa * a[i] + wb * b[i] + wc * c[i]) / (wa + wb + wc);
+      REQUIRE(std::abs(ab_c[i] - r) <= 1e-5 + 1e-5 * std::abs(r));
+      REQUIRE(std::abs(a_bc[i] - r) <= 1e-5 + 1e-5 * std::abs(r));
+      REQUIRE(std::abs(nary[i] - r) <= 1e-5 + 1e-5 * std::abs(r));
+    }
+    for (float l : {lab_c, la_bc, lnary}) REQUIRE(std::abs(l - lref) <= 1e-5 * std::max(1.0, std::abs(lref)));
+    // identity
+    std::vector<float> zero(static_cast<size_t>(d), 0.0f), x = a;
+    float lx = la;
+    merge_state_inplace(x.data(), &lx, zero.data(), kNegInf, d);
+    REQUIRE(x == a);
+    REQUIRE(lx == la);
+    std::vector<float> e(static_cast<size_t>(d), 0.0f);
+    float le = kNegInf;
+    merge_state_inplace(e.data(), &le, a.data(), la, d);
+    REQUIRE(e == a);
+    REQUIRE(le == la);
+    // empty + empty
+    std::vector<float> e1(static_cast<size_t>(d), 0.0f), e2(static_cast<size_t>(d), 0.0f);
+    float l1 = kNegInf;
+    merge_state_inplace(e1.data(), &l1, e2.data(), kNegInf, d);
+    REQUIRE(l1 == kNegInf);
+    for (float v : e1) REQUIRE(v == 0.0f);
+    const float* eo[2] = {e1.data(), e2.data()};
+    const float el[2] = {kNegInf, kNegInf};
+    float ln;
+    merge_states(2, eo, el, nary.data(), &ln, d);
+    REQUIRE(ln == kNegInf);
+    for (int i = 0; i < d; ++i) REQUIRE(nary[i] == 0.0f);
+  }
+}
+
+TEST_CASE("bad API input throws an Error naming the problem") {
+  std::vector<float> k(64 * 10), v(64 * 10);
+  const KvView ok = KvView::contiguous(k.data(), v.data(), 10, 1, 64);
+  auto throws_with = [](auto&& f, const std::string& needle) {
+    try {
+      f();
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      CHECK_MESSAGE(msg.find(needle) != std::string::npos, "message '" << msg << "' lacks '" << needle << "'");
+      return;
+    }
+    FAIL("no error thrown; expected one mentioning '" << needle << "'");
+  };
+  throws_with([&] { Plan::two_level({3, 2, 64}, ok, {ok}); }, "not a multiple");
+  throws_with([&] { Plan::two_level({2, 2, 64}, ok, {ok}); }, "KV heads");
+  throws_with([&] { Plan::two_level({1, 1, 32}, ok, {ok}); }, "head_dim");
+  throws_with([&] { Plan::build({1, 1, 64}, {ok, ok}, {{0, 2}}, {1}); }, "out of range");
+  throws_with([&] { Plan::build({1, 1, 64}, {ok, ok}, {{0, 1}, {1}}, {1, 1}); }, "two parents");
+  throws_with([&] { Plan::build({1, 1, 64}, {ok, ok}, {{0, 1}}, {1, 1}); }, "query counts");
+  throws_with([&] { Plan::build({1, 1, 64}, {ok}, {{0, 0}}, {1}); }, "twice");
+  throws_with([&] { Plan::build({1, 1, 64}, {ok}, {{0}}, {-1}); }, "negative");
+  KvView null_data = ok;
+  null_data.k = nullptr;
+  throws_with([&] { Plan::two_level({1, 1, 64}, null_data, {ok}); }, "null");
+  KvView bad_page = ok;
+  const int32_t table[1] = {0};
+  bad_page.block_table = table;
+  bad_page.page_size = 0;
+  throws_with([&] { Plan::two_level({1, 1, 64}, bad_page, {ok}); }, "page_size");
+  const Plan plan = Plan::two_level({1, 1, 64}, ok, {ok});
+  throws_with([&] { cpu::attend(plan, nullptr, nullptr); }, "null");
+  throws_with([&] { cpu::attend(plan, k.data(), v.data(), nullptr, cpu::Options{-1}); }, "n_threads");
+  cpu::UnifiedBatch ub;
+  ub.kv = ok;
+  throws_with([&] { cpu::attend_unified({1, 1, 64}, ub, k.data(), v.data()); }, "key masks");
+  throws_with([] { parse_dtype("f8"); }, "f8");
+}
