@@ -481,14 +481,21 @@ std::string Tokenizer::token_piece(int32_t id) const {
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool render_special) const {
   std::string out;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const int32_t id = ids[i];
+  bool first_text = true;
+  for (const int32_t id : ids) {
     check_id(id);
     const TokenType type = token_type(id);
-    if (!render_special && (type == TokenType::control || type == TokenType::unknown)) continue;
+    if (type == TokenType::control || type == TokenType::unknown) {
+      if (render_special) out += piece_[size_t(id)];
+      continue;
+    }
     std::string_view p = piece_[size_t(id)];
-    // SentencePiece: encode prefixed the text with a space; the first piece gives it back.
-    if (i == 0 && kind_ == Kind::spm && vocab_.add_space_prefix && !p.empty() && p[0] == ' ') p.remove_prefix(1);
+    // SentencePiece: encode prefixed the text with a space; its first text piece gives it back.
+    if (first_text && kind_ == Kind::spm && vocab_.add_space_prefix && type == TokenType::normal &&
+        !p.empty() && p[0] == ' ') {
+      p.remove_prefix(1);
+    }
+    first_text = false;
     out += p;
   }
   return out;

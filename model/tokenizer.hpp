@@ -16,9 +16,13 @@
 //   3. with add_special: BOS first when add_bos, EOS last when add_eos.
 // Invalid UTF-8 never throws: gpt2 replaces each invalid byte by U+FFFD, llama byte-encodes it, as llama.cpp does.
 //
+// A byte whose byte-level token the vocabulary lacks (SmolLM2 has none for a few control bytes such as 0x13)
+// is dropped, as llama.cpp drops it.
+//
 // decode(ids) returns the exact bytes (no space clean-up): byte-level pieces mapped back to bytes, U+2581 back
-// to spaces, `<0xNN>` to the byte; for llama vocabularies with add_space_prefix the first piece loses one
-// leading space (the one encode added). Control tokens render as their text when render_special is true.
+// to spaces, `<0xNN>` to the byte; for llama vocabularies with add_space_prefix the first normal piece loses
+// one leading space (the one encode added), so decode(encode(text, true), false) == text. Control tokens
+// render as their text when render_special is true, else as nothing.
 #pragma once
 
 #include <cstdint>
