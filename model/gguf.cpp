@@ -543,10 +543,14 @@ void File::parse() {
     if (prev && t.offset < prev_end)
       detail::fail("gguf file ", quoted(name_), ": ", what, " at data offset ", t.offset, " overlaps tensor ",
                    quoted(prev->name), " which ends at ", prev_end);
-    uint64_t end;
-    if (__builtin_add_overflow(t.offset, t.n_bytes, &end) || end > data_size)
+    // Writers pad every tensor, the last one included, to the alignment; a file without that padding was cut.
+    uint64_t end, padded_end;
+    if (__builtin_add_overflow(t.offset, t.n_bytes, &end) ||
+        __builtin_add_overflow(end, uint64_t{alignment_ - 1}, &padded_end) ||
+        padded_end / alignment_ * alignment_ > data_size)
       detail::fail("gguf file ", quoted(name_), ": ", what, " (", t.n_bytes, " bytes at data offset ", t.offset,
-                   ") extends past the end of the file: the data section holds ", data_size, " bytes");
+                   ", padded to ", alignment_, ") extends past the end of the file: the data section holds ",
+                   data_size, " bytes");
     prev_end = end;
     prev = &t;
   }
