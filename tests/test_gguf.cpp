@@ -141,7 +141,7 @@ std::vector<uint8_t> small_file() {
 
 // --- round trips -----------------------------------------------------------------------------------
 
-TEST_CASE("writer to reader: every value type") {
+TEST_CASE("gguf: writer to reader: every value type") {
   Writer w;
   w.set_u8("t.u8", 200).set_i8("t.i8", -5).set_u16("t.u16", 60000).set_i16("t.i16", -30000);
   w.set_u32("t.u32", 4000000000u).set_i32("t.i32", -7).set_i32("t.i32pos", 12);
@@ -241,7 +241,7 @@ TEST_CASE("writer to reader: every value type") {
   CHECK(message([&] { f.get_int_array("t.u8"); }).find("array of integers") != std::string::npos);
 }
 
-TEST_CASE("writer to reader: tensors of several types, data identical") {
+TEST_CASE("gguf: writer to reader: tensors of several types, data identical") {
   struct T {
     std::string name;
     TensorType type;
@@ -288,7 +288,7 @@ TEST_CASE("writer to reader: tensors of several types, data identical") {
   }
 }
 
-TEST_CASE("open() maps a written file; a moved File keeps its views") {
+TEST_CASE("gguf: open() maps a written file; a moved File keeps its views") {
   const std::string path = std::string(CASCADE_BINARY_DIR) + "/test_gguf_" + std::to_string(getpid()) + ".gguf";
   Writer w;
   w.set_string("general.architecture", "llama");
@@ -323,7 +323,7 @@ TEST_CASE("open() maps a written file; a moved File keeps its views") {
   }
 }
 
-TEST_CASE("a vocabulary-only file and version 2 are accepted") {
+TEST_CASE("gguf: a vocabulary-only file and version 2 are accepted") {
   Writer w;
   w.set_string("general.architecture", "llama");
   const std::vector<std::string> toks = {"<s>", "</s>"};
@@ -343,7 +343,7 @@ TEST_CASE("a vocabulary-only file and version 2 are accepted") {
   CHECK(File::from_bytes(small_file()).find_tensor("output_norm.weight") != nullptr);
 }
 
-TEST_CASE("tensor name of 63 bytes is accepted") {
+TEST_CASE("gguf: tensor name of 63 bytes is accepted") {
   const std::string name(63, 'n');
   auto bytes = assemble({}, 0, {{name, {4}, 0, 0}}, 32);
   CHECK(File::from_bytes(bytes).tensors()[0].name == name);
@@ -351,14 +351,14 @@ TEST_CASE("tensor name of 63 bytes is accepted") {
 
 // --- rejections: header ------------------------------------------------------------------------------
 
-TEST_CASE("reject: bad magic") {
+TEST_CASE("gguf: reject: bad magic") {
   auto b = small_file();
   b[0] = 'X';
   CHECK_REJECTS(b, "magic");
   CHECK_REJECTS(std::vector<uint8_t>({'G', 'G', 'M', 'L', 3, 0, 0, 0}), "magic");
 }
 
-TEST_CASE("reject: version 1, 0 and above 3; big-endian files") {
+TEST_CASE("gguf: reject: version 1, 0 and above 3; big-endian files") {
   for (uint32_t v : {1u, 0u, 4u, 0xFFFFFFFFu}) {
     auto b = small_file();
     poke(b, 4, v);
@@ -369,7 +369,7 @@ TEST_CASE("reject: version 1, 0 and above 3; big-endian files") {
   CHECK_REJECTS(b, "big-endian");
 }
 
-TEST_CASE("reject: tensor and key/value counts absurd for the file size") {
+TEST_CASE("gguf: reject: tensor and key/value counts absurd for the file size") {
   auto b = small_file();
   poke<uint64_t>(b, 8, 1ull << 40);
   CHECK_REJECTS(b, "tensor count");
@@ -380,7 +380,7 @@ TEST_CASE("reject: tensor and key/value counts absurd for the file size") {
 
 // --- rejections: key/value pairs ---------------------------------------------------------------------
 
-TEST_CASE("reject: string length larger than what remains") {
+TEST_CASE("gguf: reject: string length larger than what remains") {
   Bytes b = header(0, 1);
   b.u64(1ull << 40).b.resize(b.b.size() + 40, 'a');
   CHECK_REJECTS(b.b, "truncated");
@@ -394,7 +394,7 @@ TEST_CASE("reject: string length larger than what remains") {
   CHECK_REJECTS(d.b, "truncated");
 }
 
-TEST_CASE("reject: array count larger than what remains (and count * size overflow)") {
+TEST_CASE("gguf: reject: array count larger than what remains (and count * size overflow)") {
   for (uint64_t count : {1000ull, 1ull << 62, ~0ull}) {
     Bytes b = header(0, 1);
     b.str("k").u32(9).u32(4).u64(count).u32(1).u32(2);  // u32 elements: count * 4 wraps for 2^62
@@ -405,7 +405,7 @@ TEST_CASE("reject: array count larger than what remains (and count * size overfl
   }
 }
 
-TEST_CASE("reject: unknown value types") {
+TEST_CASE("gguf: reject: unknown value types") {
   Bytes b = header(0, 1);
   b.str("k").u32(13).u32(0);
   CHECK_REJECTS(b.b, "unknown value type 13");
@@ -417,13 +417,13 @@ TEST_CASE("reject: unknown value types") {
   CHECK_REJECTS(d.b, "unknown array element type 42");
 }
 
-TEST_CASE("reject: nested arrays") {
+TEST_CASE("gguf: reject: nested arrays") {
   Bytes b = header(0, 1);
   b.str("k").u32(9).u32(9).u64(1).u32(4).u64(1).u32(5);
   CHECK_REJECTS(b.b, "nested");
 }
 
-TEST_CASE("reject: bool byte other than 0 or 1") {
+TEST_CASE("gguf: reject: bool byte other than 0 or 1") {
   auto w = Writer().set_bool("flag", true).to_bytes();
   File::from_bytes(w);  // valid as written
   const size_t at = find_bytes(w, "flag") + 4 + 4;  // key, then the u32 type, then the byte
@@ -435,7 +435,7 @@ TEST_CASE("reject: bool byte other than 0 or 1") {
   CHECK_REJECTS(b.b, "bool element 2");
 }
 
-TEST_CASE("reject: empty and duplicate keys") {
+TEST_CASE("gguf: reject: empty and duplicate keys") {
   Bytes b = header(0, 1);
   b.str("").u32(4).u32(1);
   CHECK_REJECTS(b.b, "empty key");
@@ -450,7 +450,7 @@ TEST_CASE("reject: empty and duplicate keys") {
 
 // --- rejections: alignment ---------------------------------------------------------------------------
 
-TEST_CASE("reject: alignment that is 0, not a power of two, huge, or not u32") {
+TEST_CASE("gguf: reject: alignment that is 0, not a power of two, huge, or not u32") {
   for (uint32_t a : {0u, 3u, 48u, 1u << 21, 0x80000000u}) {
     CAPTURE(a);
     auto w = Writer().set_alignment(64).to_bytes();
@@ -467,18 +467,18 @@ TEST_CASE("reject: alignment that is 0, not a power of two, huge, or not u32") {
 
 // --- rejections: tensor infos ------------------------------------------------------------------------
 
-TEST_CASE("reject: duplicate tensor names") {
+TEST_CASE("gguf: reject: duplicate tensor names") {
   auto b = assemble({}, 0, {{"w", {32}, 0, 0}, {"w", {32}, 0, 128}}, 256);
   CHECK_REJECTS(b, "duplicate tensor name 'w'");
 }
 
-TEST_CASE("reject: tensor names of 64 bytes or more, and empty names") {
+TEST_CASE("gguf: reject: tensor names of 64 bytes or more, and empty names") {
   CHECK_REJECTS(assemble({}, 0, {{std::string(64, 'n'), {4}, 0, 0}}, 16), "limit is 63");
   CHECK_REJECTS(assemble({}, 0, {{std::string(1000, 'n'), {4}, 0, 0}}, 16), "limit is 63");
   CHECK_REJECTS(assemble({}, 0, {{"", {4}, 0, 0}}, 16), "empty name");
 }
 
-TEST_CASE("reject: n_dims 0 or above 4") {
+TEST_CASE("gguf: reject: n_dims 0 or above 4") {
   CHECK_REJECTS(assemble({}, 0, {{"w", {}, 0, 0, 0}}, 0), "n_dims 0");
   auto zero = assemble({}, 0, {{"w", {}, 0, 0}}, 0);
   CHECK_REJECTS(zero, "n_dims");
@@ -486,7 +486,7 @@ TEST_CASE("reject: n_dims 0 or above 4") {
   CHECK_REJECTS(assemble({}, 0, {{"w", {1, 1, 1}, 0, 0, 0xFFFFFFFFu}}, 32), "n_dims");
 }
 
-TEST_CASE("reject: zero, negative and overflowing dimensions") {
+TEST_CASE("gguf: reject: zero, negative and overflowing dimensions") {
   CHECK_REJECTS(assemble({}, 0, {{"w", {4, 0}, 0, 0}}, 64), "zero dimension ne[1]");
   CHECK_REJECTS(assemble({}, 0, {{"w", {1ull << 63, 1}, 0, 0}}, 64), "negative");
   CHECK_REJECTS(assemble({}, 0, {{"w", {1ull << 32, 1ull << 32}, 0, 0}}, 64), "element count");
@@ -496,7 +496,7 @@ TEST_CASE("reject: zero, negative and overflowing dimensions") {
   CHECK_REJECTS(assemble({}, 0, {{"w", {1ull << 20, 1ull << 20}, 0, 0}}, 64), "past the end");
 }
 
-TEST_CASE("reject: unknown tensor types") {
+TEST_CASE("gguf: reject: unknown tensor types") {
   for (uint32_t t : {4u, 5u, 31u, 40u, 1000u}) {
     CAPTURE(t);
     CHECK_REJECTS(assemble({}, 0, {{"w", {256}, t, 0}}, 4096), "unknown tensor type");
@@ -508,13 +508,13 @@ TEST_CASE("reject: unknown tensor types") {
   CHECK_REJECTS(w, "unknown tensor type 77");
 }
 
-TEST_CASE("reject: first dimension not a multiple of the block size") {
+TEST_CASE("gguf: reject: first dimension not a multiple of the block size") {
   CHECK_REJECTS(assemble({}, 0, {{"w", {16, 2}, 3, 0}}, 64), "multiple");     // q4_1, blocks of 32
   CHECK_REJECTS(assemble({}, 0, {{"w", {128}, 12, 0}}, 256), "block size 256");  // q4_K
   CHECK_REJECTS(assemble({}, 0, {{"w", {32}, 10, 0}}, 256), "q2_K");          // known, not decodable
 }
 
-TEST_CASE("reject: offsets unaligned, out of order, overlapping or past the end") {
+TEST_CASE("gguf: reject: offsets unaligned, out of order, overlapping or past the end") {
   // f32 {8}: 32 bytes each
   CHECK_REJECTS(assemble({}, 0, {{"a", {8}, 0, 4}}, 64), "alignment");
   CHECK_REJECTS(assemble({}, 0, {{"a", {8}, 0, 64}, {"b", {8}, 0, 0}}, 128), "out of order");
@@ -536,7 +536,7 @@ TEST_CASE("reject: offsets unaligned, out of order, overlapping or past the end"
 
 // --- truncation and random damage --------------------------------------------------------------------
 
-TEST_CASE("every truncation of a small valid file is rejected") {
+TEST_CASE("gguf: every truncation of a small valid file is rejected") {
   const auto full = small_file();
   File::from_bytes(full);
   for (size_t n = 0; n < full.size(); ++n) {
@@ -546,7 +546,7 @@ TEST_CASE("every truncation of a small valid file is rejected") {
   }
 }
 
-TEST_CASE("random damage never crashes: each result is an Error or a readable file") {
+TEST_CASE("gguf: random damage never crashes: each result is an Error or a readable file") {
   const auto full = small_file();
   std::mt19937 rng(7);
   int accepted = 0;
@@ -574,7 +574,7 @@ TEST_CASE("random damage never crashes: each result is an Error or a readable fi
 
 // --- the real model ----------------------------------------------------------------------------------
 
-TEST_CASE("the SmolLM2-135M Q4_1 model opens and every tensor dequantizes") {
+TEST_CASE("gguf: the SmolLM2-135M Q4_1 model opens and every tensor dequantizes") {
   const std::string path = CASCADE_MODEL_PATH;
   if (!std::filesystem::exists(path))
     FAIL(("model file " + path + " is missing: run `bash scripts/setup.sh` to fetch it"));

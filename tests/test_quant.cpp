@@ -38,7 +38,7 @@ const int kMn[8] = {0, 1, 2, 3, 48, 5, 6, 63};
 
 }  // namespace
 
-TEST_CASE("fp16 and bf16 conversions") {
+TEST_CASE("quant: fp16 and bf16 conversions") {
   CHECK(fp16_to_fp32(0x3C00) == 1.0f);
   CHECK(fp16_to_fp32(0xC000) == -2.0f);
   CHECK(fp16_to_fp32(0x3800) == 0.5f);
@@ -71,7 +71,7 @@ TEST_CASE("fp16 and bf16 conversions") {
   CHECK(std::isnan(bf16_to_fp32(fp32_to_bf16(std::nanf("")))));
 }
 
-TEST_CASE("f32, f16 and bf16 rows") {
+TEST_CASE("quant: f32, f16 and bf16 rows") {
   std::vector<uint8_t> f32(8);
   const float a[2] = {1.5f, -0.25f};
   std::memcpy(f32.data(), a, 8);
@@ -87,7 +87,7 @@ TEST_CASE("f32, f16 and bf16 rows") {
   CHECK(y == std::vector<float>{1.0f, -6.0f, 3.140625f});
 }
 
-TEST_CASE("q8_0 block by hand") {
+TEST_CASE("quant: q8_0 block by hand") {
   // d = 0.5 (0x3800), qs = -16..15: y[j] = (j - 16) * 0.5
   std::vector<uint8_t> b = {0x00, 0x38};
   for (int j = 0; j < 32; ++j) b.push_back(static_cast<uint8_t>(static_cast<int8_t>(j - 16)));
@@ -98,7 +98,7 @@ TEST_CASE("q8_0 block by hand") {
   for (int j = 0; j < 32; ++j) CHECK(y[j] == (j - 16) * 0.5f);
 }
 
-TEST_CASE("q4_0 block by hand") {
+TEST_CASE("quant: q4_0 block by hand") {
   // d = 2 (0x4000); qs[j] = j | (15 - j) << 4: y[j] = (j - 8) * 2, y[j + 16] = (7 - j) * 2
   std::vector<uint8_t> b = {0x00, 0x40};
   for (int j = 0; j < 16; ++j) b.push_back(static_cast<uint8_t>(j | (15 - j) << 4));
@@ -113,7 +113,7 @@ TEST_CASE("q4_0 block by hand") {
   }
 }
 
-TEST_CASE("q4_1 block by hand") {
+TEST_CASE("quant: q4_1 block by hand") {
   // d = 0.5 (0x3800), m = -1 (0xBC00); qs[j] = j | (15 - j) << 4: y[j] = 0.5 j - 1, y[j + 16] = 0.5 (15 - j) - 1
   std::vector<uint8_t> b = {0x00, 0x38, 0x00, 0xBC};
   for (int j = 0; j < 16; ++j) b.push_back(static_cast<uint8_t>(j | (15 - j) << 4));
@@ -128,7 +128,7 @@ TEST_CASE("q4_1 block by hand") {
   }
 }
 
-TEST_CASE("q4_K block by hand") {
+TEST_CASE("quant: q4_K block by hand") {
   // d = 1 (0x3C00), dmin = 0.5 (0x3800), scales kScales12, qs[i] = (i % 16) | (15 - i % 16) << 4.
   // Group g (64 values) reads qs[32g + l]: y[64g + l] = sc[2g] (l % 16) - 0.5 mn[2g],
   // y[64g + 32 + l] = sc[2g + 1] (15 - l % 16) - 0.5 mn[2g + 1].
@@ -150,7 +150,7 @@ TEST_CASE("q4_K block by hand") {
     }
 }
 
-TEST_CASE("q5_K block by hand") {
+TEST_CASE("quant: q5_K block by hand") {
   // As the q4_K block, plus qh[l] = 0x55 when l % 4 == 0 (bit 2g set: +16 on the low-nibble values of every
   // group), 0xAA when l % 4 == 1 (bit 2g+1: +16 on the high-nibble values), 0 otherwise.
   std::vector<uint8_t> b(176, 0);
@@ -173,7 +173,7 @@ TEST_CASE("q5_K block by hand") {
     }
 }
 
-TEST_CASE("q6_K block by hand") {
+TEST_CASE("quant: q6_K block by hand") {
   // d = 0.25 (0x3400) at byte 208; scales = {1,-1,2,-2,...,8,-8}; ql[i] = i (low nibble i % 16, high i / 16);
   // qh[i] = 0xE4: bits 0-1 = 0, 2-3 = 1, 4-5 = 2, 6-7 = 3, so the four quarters of each half get high
   // bits 0, 1, 2, 3. Value = 0.25 * scale * (q - 32).
@@ -275,7 +275,7 @@ std::vector<uint8_t> random_blocks(TensorType t, int n_blocks, std::mt19937& rng
 
 }  // namespace
 
-TEST_CASE("random blocks against a per-element reference") {
+TEST_CASE("quant: random blocks against a per-element reference") {
   std::mt19937 rng(1234);
   for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q5_K,
                        TensorType::Q6_K}) {
@@ -296,7 +296,7 @@ TEST_CASE("random blocks against a per-element reference") {
   }
 }
 
-TEST_CASE("dot_row matches dequantize_row") {
+TEST_CASE("quant: dot_row matches dequantize_row") {
   std::mt19937 rng(99);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (TensorType t : {TensorType::F32, TensorType::F16, TensorType::BF16, TensorType::Q4_0, TensorType::Q4_1,
@@ -334,7 +334,7 @@ TEST_CASE("dot_row matches dequantize_row") {
   }
 }
 
-TEST_CASE("unsupported types and partial blocks are errors") {
+TEST_CASE("quant: unsupported types and partial blocks are errors") {
   CHECK(can_dequantize(TensorType::Q4_1));
   CHECK(can_dequantize(TensorType::BF16));
   CHECK_FALSE(can_dequantize(TensorType::Q2_K));
