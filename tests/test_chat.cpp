@@ -43,7 +43,7 @@ const std::string kLlama3 =
 
 }  // namespace
 
-TEST_CASE("the SmolLM2 file holds the template these tests use") {
+TEST_CASE("chat: the SmolLM2 file holds the template these tests use") {
   REQUIRE_MESSAGE(std::filesystem::exists(kModel), "missing model ", kModel, ": run scripts/setup.sh");
   const auto file = cascade::gguf::File::open(kModel);
   CHECK(std::string(file.get_string("tokenizer.chat_template")) == kSmolTemplate);
@@ -51,7 +51,7 @@ TEST_CASE("the SmolLM2 file holds the template these tests use") {
         "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
 }
 
-TEST_CASE("ChatML with SmolLM2's default system message") {
+TEST_CASE("chat: ChatML with SmolLM2's default system message") {
   CHECK(cascade::detect_chat_format(kSmolTemplate) == cascade::ChatFormat::chatml);
   const std::vector<ChatMessage> user_only = {{"user", "What is 2+2?"}};
   CHECK(apply_chat_template(kSmolTemplate, user_only, true) ==
@@ -78,13 +78,13 @@ TEST_CASE("ChatML with SmolLM2's default system message") {
   CHECK(apply_chat_template(kSmolTemplate, {}, true) == "<|im_start|>assistant\n");
 }
 
-TEST_CASE("ChatML without a default system message") {
+TEST_CASE("chat: ChatML without a default system message") {
   CHECK(cascade::chatml_default_system(kPlainChatml).empty());
   CHECK(apply_chat_template(kPlainChatml, {{"user", "Hi"}}, true) ==
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
 }
 
-TEST_CASE("Llama 3") {
+TEST_CASE("chat: Llama 3") {
   CHECK(cascade::detect_chat_format(kLlama3) == cascade::ChatFormat::llama3);
   const std::vector<ChatMessage> msgs = {{"system", "You are terse."}, {"user", "  Hello there \n"}};
   CHECK(apply_chat_template(kLlama3, msgs, true) ==
@@ -95,7 +95,7 @@ TEST_CASE("Llama 3") {
         "<|start_header_id|>user<|end_header_id|>\n\nx<|eot_id|>");
 }
 
-TEST_CASE("unknown templates ask for a raw prompt") {
+TEST_CASE("chat: unknown templates ask for a raw prompt") {
   const std::string gemma =
       "{% for message in messages %}{{ '<start_of_turn>' + message['role'] + '\n' + message['content'] + "
       "'<end_of_turn>\n' }}{% endfor %}";
@@ -109,7 +109,7 @@ TEST_CASE("unknown templates ask for a raw prompt") {
   }
 }
 
-TEST_CASE("a SmolLM2 chat prompt tokenizes with its special tokens") {
+TEST_CASE("chat: a SmolLM2 chat prompt tokenizes with its special tokens") {
   REQUIRE_MESSAGE(std::filesystem::exists(kModel), "missing model ", kModel, ": run scripts/setup.sh");
   const cascade::Tokenizer tok(cascade::load_vocab(cascade::gguf::File::open(kModel)));
   const std::string prompt = apply_chat_template(tok.vocab().chat_template, {{"user", "Hi"}}, true);

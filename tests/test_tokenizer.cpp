@@ -5,12 +5,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cascade/error.hpp"
 #include "model/gguf.hpp"
@@ -121,9 +125,9 @@ void run_vectors(const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("gpt-2 byte-level BPE reproduces llama.cpp's vectors") { run_vectors("ggml-vocab-gpt-2.gguf"); }
+TEST_CASE("tokenizer: gpt-2 byte-level BPE reproduces llama.cpp's vectors") { run_vectors("ggml-vocab-gpt-2.gguf"); }
 
-TEST_CASE("llama SentencePiece BPE reproduces llama.cpp's vectors") { run_vectors("ggml-vocab-llama-spm.gguf"); }
+TEST_CASE("tokenizer: llama SentencePiece BPE reproduces llama.cpp's vectors") { run_vectors("ggml-vocab-llama-spm.gguf"); }
 
 // --- the real SmolLM2 vocabulary (byte-level BPE, pre-tokenizer "smollm": every digit on its own) -------
 //
@@ -146,7 +150,7 @@ std::string pieces(const Tokenizer& tok, const std::vector<int32_t>& ids) {
 
 }  // namespace
 
-TEST_CASE("SmolLM2: vocabulary metadata") {
+TEST_CASE("tokenizer: SmolLM2: vocabulary metadata") {
   const Tokenizer& tok = smollm();
   CHECK(tok.n_vocab() == 49152);
   CHECK(tok.vocab().model == "gpt2");
@@ -167,7 +171,7 @@ TEST_CASE("SmolLM2: vocabulary metadata") {
   CHECK(tok.token_type(1) == TokenType::control);
 }
 
-TEST_CASE("SmolLM2: ids of known strings") {
+TEST_CASE("tokenizer: SmolLM2: ids of known strings") {
   const Tokenizer& tok = smollm();
   const std::vector<std::pair<std::string, std::vector<int32_t>>> cases = {
       {"Hello world! 123", {19556, 905, 17, 216, 33, 34, 35}},  // digits one by one, the space alone
@@ -197,7 +201,7 @@ TEST_CASE("SmolLM2: ids of known strings") {
   CHECK(tok.vocab().tokens[1116] == "\xC4\x8A\xC4\x8A");  // "ĊĊ"
 }
 
-TEST_CASE("SmolLM2: special tokens parse only when asked") {
+TEST_CASE("tokenizer: SmolLM2: special tokens parse only when asked") {
   const Tokenizer& tok = smollm();
   const std::string text = "<|im_start|>user\nHi<|im_end|>\n";
   const std::vector<int32_t> parsed = tok.encode(text, true, /*parse_special=*/true);
@@ -212,7 +216,7 @@ TEST_CASE("SmolLM2: special tokens parse only when asked") {
   CHECK(tok.encode("", true, true).empty());
 }
 
-TEST_CASE("SmolLM2: random text round-trips") {
+TEST_CASE("tokenizer: SmolLM2: random text round-trips") {
   const Tokenizer& tok = smollm();
   std::mt19937 rng(1234);
   // Code points drawn from ASCII, Latin-1, Greek/Cyrillic, CJK, emoji and whitespace (no surrogates).
@@ -233,7 +237,7 @@ TEST_CASE("SmolLM2: random text round-trips") {
   }
 }
 
-TEST_CASE("SmolLM2: random bytes never throw; invalid bytes become U+FFFD") {
+TEST_CASE("tokenizer: SmolLM2: random bytes never throw; invalid bytes become U+FFFD") {
   const Tokenizer& tok = smollm();
   std::mt19937 rng(99);
   for (int trial = 0; trial < 300; ++trial) {
@@ -253,7 +257,7 @@ TEST_CASE("SmolLM2: random bytes never throw; invalid bytes become U+FFFD") {
   CHECK(tok.decode(tok.encode("a\x13z", false, false)) == "az");
 }
 
-TEST_CASE("SmolLM2: long prompts encode quickly") {
+TEST_CASE("tokenizer: SmolLM2: long prompts encode quickly") {
   const Tokenizer& tok = smollm();
   std::string text;
   for (int k = 0; k < 400; ++k) {
@@ -272,7 +276,7 @@ TEST_CASE("SmolLM2: long prompts encode quickly") {
   CHECK(tok.decode(tok.encode(word, false, false)) == word);
 }
 
-TEST_CASE("decode rejects ids outside the vocabulary") {
+TEST_CASE("tokenizer: decode rejects ids outside the vocabulary") {
   const Tokenizer& tok = smollm();
   CHECK_THROWS_AS(tok.decode({-1}), cascade::Error);
   CHECK_THROWS_AS(tok.decode({19556, 49152}), cascade::Error);
@@ -322,7 +326,7 @@ std::vector<std::string> words_of(const Tokenizer& tok, const std::string& text)
 
 }  // namespace
 
-TEST_CASE("llama-bpe pre-tokenizer splits like the Llama 3 regex") {
+TEST_CASE("tokenizer: llama-bpe pre-tokenizer splits like the Llama 3 regex") {
   // Each word of the text that is one of the vocabulary's words comes out as one token: the ids show the
   // word boundaries.
   const Tokenizer tok(byte_level_vocab(
@@ -342,7 +346,7 @@ TEST_CASE("llama-bpe pre-tokenizer splits like the Llama 3 regex") {
   CHECK(words_of(tok, " !!") == W{"Ġ!!"});
 }
 
-TEST_CASE("gpt-2 and smollm pre-tokenizers on a synthetic vocabulary") {
+TEST_CASE("tokenizer: gpt-2 and smollm pre-tokenizers on a synthetic vocabulary") {
   using W = std::vector<std::string>;
   const std::vector<std::string> words = {"Ġ123", "123", "ĠHello", "'re", "ĠĠ", "Ġ!!", "Ġ'", "re"};
   const Tokenizer gpt2(byte_level_vocab("gpt-2", words));
@@ -356,7 +360,7 @@ TEST_CASE("gpt-2 and smollm pre-tokenizers on a synthetic vocabulary") {
   CHECK(words_of(gpt2, " 123") == W{"Ġ123"});
 }
 
-TEST_CASE("SentencePiece: BOS, space prefix and its removal") {
+TEST_CASE("tokenizer: SentencePiece: BOS, space prefix and its removal") {
   const Tokenizer tok = load(kVectors + "ggml-vocab-llama-spm.gguf");
   CHECK(tok.vocab().add_bos);
   CHECK(tok.vocab().add_space_prefix);
@@ -376,7 +380,7 @@ TEST_CASE("SentencePiece: BOS, space prefix and its removal") {
   CHECK(tok.decode(tok.encode(bad, false, false)) == bad);
 }
 
-TEST_CASE("vocabulary validation") {
+TEST_CASE("tokenizer: vocabulary validation") {
   SUBCASE("Tokenizer checks a hand-made Vocab") {
     Vocab v = byte_level_vocab("gpt-2", {});
     {
@@ -491,5 +495,58 @@ TEST_CASE("vocabulary validation") {
       w.set_string("general.architecture", "llama");
       CHECK(error_of(w).find("tokenizer.ggml.model") != std::string::npos);
     }
+  }
+}
+
+// --- the cascade-tokenize tool ---------------------------------------------------------------------------
+
+namespace {
+
+struct RunResult {
+  int rc;
+  std::string out, err;
+};
+
+// Runs the tool with a shell command line of arguments; stdout and stderr captured through files.
+RunResult run_tool(const std::string& args) {
+  const std::string tool = CASCADE_BINARY_DIR "/tools/cascade-tokenize";
+  REQUIRE_MESSAGE(std::filesystem::exists(tool), "missing ", tool, " (build the cascade-tokenize target)");
+  const std::string dir = std::filesystem::temp_directory_path() / ("cascade-tok-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string cmd = tool + " " + args + " >" + dir + "/out 2>" + dir + "/err";
+  const int status = std::system(cmd.c_str());
+  RunResult r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_file(dir + "/out"), read_file(dir + "/err")};
+  std::filesystem::remove_all(dir);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("tokenizer: cascade-tokenize prints ids and pieces, and one-line errors") {
+  const std::string model = "'" + kModel + "'";
+  RunResult r = run_tool("-m " + model + " -p 'Hello world! 1'");
+  CHECK(r.rc == 0);
+  CHECK(r.out == "19556\t'Hello'\n905\t' world'\n17\t'!'\n216\t' '\n33\t'1'\n");
+  CHECK(r.err.empty());
+
+  r = run_tool("-m " + model + " -p '<|im_start|>user' --ids");
+  CHECK(r.rc == 0);
+  CHECK(r.out == "1 4093\n");
+
+  // A vocabulary-only file; its add_bos_token adds <s> unless --no-bos.
+  const std::string spm = "'" + kVectors + "ggml-vocab-llama-spm.gguf'";
+  r = run_tool("-m " + spm + " -p 'Hello world' --ids");
+  CHECK(r.out == "1 15043 3186\n");
+  r = run_tool("-m " + spm + " -p 'Hello world' --ids --no-bos");
+  CHECK(r.out == "15043 3186\n");
+
+  for (const std::string& bad : {std::string(""), std::string("-m"), "-m " + model, "-m " + model + " -p x --bogus",
+                                 std::string("-m /nonexistent.gguf -p x"), std::string("-m /dev/null -p x"),
+                                 "-m '" + kVectors + "README.md' -p x"}) {
+    r = run_tool(bad);
+    CHECK_MESSAGE(r.rc == 1, "args: ", bad);
+    CHECK_MESSAGE(r.out.empty(), "args: ", bad);
+    CHECK_MESSAGE(r.err.rfind("cascade-tokenize: error: ", 0) == 0, "args: ", bad, " stderr: ", r.err);
+    CHECK_MESSAGE(std::count(r.err.begin(), r.err.end(), '\n') == 1, "args: ", bad, " stderr: ", r.err);
   }
 }
