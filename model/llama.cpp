@@ -1,0 +1,260 @@
+#include "model/llama.hpp"
+
+#include <tbb/parallel_for.h>
+
+#include <Eigen/Core>
+#include <chrono>
+#include <optional>
+#include <cmath>
+#include <string>
+
+#include "cascade/error.hpp"
+#include "model/gguf.hpp"
+#include "model/kv_cache.hpp"
+#include "model/quant.hpp"
+
+namespace cascade::llama {
+
+namespace {
+
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Counts are u32 in real files, u64 allowed by the spec; get_uint accepts both. A count must fit an int
+// comfortably: the limit keeps a hostile file from asking for absurd allocations.
+int64_t count_key(const gguf::File& f, const std::string& key, std::optional<int64_t> fallback = std::nullopt) {
+  const auto v = f.get_uint_opt(key);
+  if (!v) {
+    CASCADE_CHECK(fallback.has_value(), f.name(), ": missing key '", key, "'");
+    return *fallback;
+  }
+  CASCADE_CHECK(*v <= (uint64_t(1) << 30), f.name(), ": key '", key, "' = ", *v, " is out of range");
+  return int64_t(*v);
+}
+
+std::string shape_str(const std::vector<int64_t>& ne) {
+  std::string s = "[";
+  for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+  return s + "]";
+}
+
+const gguf::TensorInfo& find_checked(const gguf::File& f, const std::string& name, const std::vector<int64_t>& ne) {
+  const gguf::TensorInfo* t = f.find_tensor(name);
+  CASCADE_CHECK(t != nullptr, f.name(), ": missing tensor '", name, "'");
+  CASCADE_CHECK(t->ne == ne, f.name(), ": tensor '", name, "' has shape ", shape_str(t->ne), ", expected ",
+                shape_str(ne), " from the hyperparameters");
+  CASCADE_CHECK(gguf::can_dequantize(t->type), f.name(), ": tensor '", name, "' has type ",
+                gguf::type_name(t->type), ", which this runtime cannot read");
+  return *t;
+}
+
+// Dequantizes a 2-D tensor (ne = {n_in, n_out}) row by row, rows spread over threads.
+Linear load_linear(const gguf::File& f, const std::string& name, int64_t n_in, int64_t n_out) {
+  const gguf::TensorInfo& t = find_checked(f, name, {n_in, n_out});
+  Linear l;
+  l.n_in = n_in;
+  l.n_out = n_out;
+  l.w.resize(size_t(n_in * n_out));
+  const uint8_t* data = f.tensor_data(t);
+  const uint64_t rb = gguf::row_bytes(t.type, n_in);
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_out, 256), [&](const tbb::blocked_range<int64_t>& r) {
+    for (int64_t i = r.begin(); i < r.end(); ++i)
+      gguf::dequantize_row(t.type, data + i * rb, l.w.data() + i * n_in, n_in);
+  });
+  return l;
+}
+
+std::vector<float> load_vector(const gguf::File& f, const std::string& name, int64_t n) {
+  const gguf::TensorInfo& t = find_checked(f, name, {n});
+  std::vector<float> v(static_cast<size_t>(n));
+  gguf::dequantize_row(t.type, f.tensor_data(t), v.data(), n);
+  return v;
+}
+
+// y = x / sqrt(mean(x^2) + eps) * w, for each of n rows of d values.
+void rms_norm(const float* x, const float* w, int64_t n, int64_t d, float eps, float* y) {
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = x + r * d;
+    float* yr = y + r * d;
+    double ss = 0;
+    for (int64_t i = 0; i < d; ++i) ss += double(xr[i]) * xr[i];
+    const float s = float(1.0 / std::sqrt(ss / double(d) + double(eps)));
+    for (int64_t i = 0; i < d; ++i) yr[i] = xr[i] * s * w[i];
+  }
+}
+
+// Rotates consecutive pairs (x[2i], x[2i+1]) of the first n_rot values of every head by pos * inv_freq[i].
+void rope(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t n_rot, const std::vector<int32_t>& pos,
+          const std::vector<float>& inv_freq) {
+  std::vector<float> c(size_t(n_rot / 2)), s(size_t(n_rot / 2));
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < n_rot / 2; ++i) {
+      const double a = double(pos[r]) * double(inv_freq[i]);
+      c[i] = float(std::cos(a));
+      s[i] = float(std::sin(a));
+    }
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* v = x + (r * n_heads + h) * head_dim;
+      for (int64_t i = 0; i < n_rot / 2; ++i) {
+        const float x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = x0 * c[i] - x1 * s[i];
+        v[2 * i + 1] = x0 * s[i] + x1 * c[i];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void linear(const Linear& W, const float* X, int64_t n, float* Y) {
+  if (n == 0) return;
+  using Map = Eigen::Map<const RowMat>;
+  using OutMap = Eigen::Map<RowMat, 0, Eigen::OuterStride<>>;
+  const Map x(X, n, W.n_in);
+  // Blocks of output rows: big enough for Eigen's kernels, small enough to balance over threads.
+  const int64_t block = 64;
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, W.n_out, block), [&](const tbb::blocked_range<int64_t>& r) {
+    const int64_t m = r.end() - r.begin();
+    const Map w(W.w.data() + r.begin() * W.n_in, m, W.n_in);
+    OutMap y(Y + r.begin(), n, m, Eigen::OuterStride<>(W.n_out));
+    y.noalias() = x * w.transpose();
+  });
+}
+
+Hparams Hparams::from_gguf(const gguf::File& f) {
+  const std::string arch(f.architecture());
+  CASCADE_CHECK(arch == "llama", f.name(), ": unsupported architecture '", arch, "' (this runtime runs 'llama')");
+  Hparams hp;
+  hp.n_ctx_train = count_key(f, "llama.context_length");
+  hp.n_embd = count_key(f, "llama.embedding_length");
+  hp.n_layer = count_key(f, "llama.block_count");
+  hp.n_ff = count_key(f, "llama.feed_forward_length");
+  hp.n_head = count_key(f, "llama.attention.head_count");
+  hp.n_head_kv = count_key(f, "llama.attention.head_count_kv", hp.n_head);
+  CASCADE_CHECK(hp.n_head > 0 && hp.n_embd % hp.n_head == 0, f.name(), ": embedding_length (", hp.n_embd,
+                ") is not a positive multiple of head_count (", hp.n_head, ")");
+  hp.head_dim = hp.n_embd / hp.n_head;
+  hp.n_rot = count_key(f, "llama.rope.dimension_count", hp.head_dim);
+  hp.rope_base = f.get_float_opt("llama.rope.freq_base").value_or(10000.0f);
+  const auto eps = f.get_float_opt("llama.attention.layer_norm_rms_epsilon");
+  CASCADE_CHECK(eps.has_value(), f.name(), ": missing key 'llama.attention.layer_norm_rms_epsilon'");
+  hp.rms_eps = *eps;
+  const gguf::TensorInfo* embd = f.find_tensor("token_embd.weight");
+  CASCADE_CHECK(embd != nullptr, f.name(), ": missing tensor 'token_embd.weight'");
+  CASCADE_CHECK(embd->ne.size() == 2, f.name(), ": tensor 'token_embd.weight' has shape ", shape_str(embd->ne),
+                ", expected [n_embd, n_vocab]");
+  hp.n_vocab = embd->ne[1];
+  try {
+    hp.validate();
+  } catch (const Error& e) {
+    detail::fail(f.name(), ": ", e.what());
+  }
+  return hp;
+}
+
+void Hparams::validate() const {
+  CASCADE_CHECK(n_vocab > 0 && n_embd > 0 && n_layer > 0 && n_ff > 0 && n_head > 0 && n_head_kv > 0,
+                "hyperparameters must be positive (n_vocab ", n_vocab, ", n_embd ", n_embd, ", n_layer ", n_layer,
+                ", n_ff ", n_ff, ", n_head ", n_head, ", n_head_kv ", n_head_kv, ")");
+  CASCADE_CHECK(n_embd % n_head == 0, "embedding_length ", n_embd, " is not a multiple of head_count ", n_head);
+  CASCADE_CHECK(head_dim == n_embd / n_head, "head_dim ", head_dim, " != n_embd / n_head");
+  CASCADE_CHECK(n_head % n_head_kv == 0, "head_count (", n_head, ") is not a multiple of head_count_kv (",
+                n_head_kv, ")");
+  CASCADE_CHECK(n_rot > 0 && n_rot <= head_dim && n_rot % 2 == 0, "rope.dimension_count ", n_rot,
+                " must be even and in [2, head_dim = ", head_dim, "]");
+  CASCADE_CHECK(std::isfinite(rope_base) && rope_base > 0, "rope.freq_base ", rope_base, " must be positive");
+  CASCADE_CHECK(std::isfinite(rms_eps) && rms_eps >= 0, "layer_norm_rms_epsilon ", rms_eps,
+                " must be non-negative");
+}
+
+Model Model::load(const gguf::File& f) {
+  Model m;
+  m.hp_ = Hparams::from_gguf(f);
+  const Hparams& hp = m.hp_;
+  const int64_t d = hp.n_embd, dq = hp.n_head * hp.head_dim, dkv = hp.n_head_kv * hp.head_dim;
+  Weights& w = m.w_;
+  w.tok_embd = load_linear(f, "token_embd.weight", d, hp.n_vocab);
+  w.output_norm = load_vector(f, "output_norm.weight", d);
+  w.tied = f.find_tensor("output.weight") == nullptr;
+  if (!w.tied) w.output = load_linear(f, "output.weight", d, hp.n_vocab);
+  w.layers.resize(size_t(hp.n_layer));
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    const std::string p = "blk." + std::to_string(il) + ".";
+    Layer& l = w.layers[il];
+    l.attn_norm = load_vector(f, p + "attn_norm.weight", d);
+    l.wq = load_linear(f, p + "attn_q.weight", d, dq);
+    l.wk = load_linear(f, p + "attn_k.weight", d, dkv);
+    l.wv = load_linear(f, p + "attn_v.weight", d, dkv);
+    l.wo = load_linear(f, p + "attn_output.weight", dq, d);
+    l.ffn_norm = load_vector(f, p + "ffn_norm.weight", d);
+    l.ffn_gate = load_linear(f, p + "ffn_gate.weight", d, hp.n_ff);
+    l.ffn_up = load_linear(f, p + "ffn_up.weight", d, hp.n_ff);
+    l.ffn_down = load_linear(f, p + "ffn_down.weight", hp.n_ff, d);
+  }
+  m.inv_freq_.resize(size_t(hp.n_rot / 2));
+  for (int64_t i = 0; i < hp.n_rot / 2; ++i)
+    m.inv_freq_[i] = float(std::pow(double(hp.rope_base), -2.0 * double(i) / double(hp.n_rot)));
+  return m;
+}
+
+void Model::forward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& pos, KvCache& cache,
+                    const std::vector<int64_t>& logit_rows, std::vector<float>& logits, Timings* timings) const {
+  const auto t_start = Clock::now();
+  const Hparams& hp = hp_;
+  const int64_t n = int64_t(tokens.size());
+  const int64_t d = hp.n_embd, dq = hp.n_head * hp.head_dim, dkv = hp.n_head_kv * hp.head_dim;
+  CASCADE_CHECK(int64_t(pos.size()) == n, "forward: ", n, " tokens but ", pos.size(), " positions");
+  CASCADE_CHECK(cache.step_rows() == n, "forward: the cache's step has ", cache.step_rows(), " rows, the batch ", n);
+  CASCADE_CHECK(cache.n_layer() == hp.n_layer && cache.shape().n_q_heads == hp.n_head &&
+                    cache.shape().n_kv_heads == hp.n_head_kv && cache.shape().head_dim == hp.head_dim,
+                "forward: the cache's shape does not match the model");
+  for (int32_t t : tokens)
+    CASCADE_CHECK(t >= 0 && t < hp.n_vocab, "forward: token id ", t, " outside the vocabulary [0, ", hp.n_vocab, ")");
+
+  std::vector<float> x(size_t(n * d)), h(size_t(n * d)), q(size_t(n * dq)), k(size_t(n * dkv)), v(size_t(n * dkv)),
+      att(size_t(n * dq)), g(size_t(n * hp.n_ff)), u(size_t(n * hp.n_ff)), tmp(size_t(n * d));
+  for (int64_t r = 0; r < n; ++r)
+    std::copy_n(w_.tok_embd.w.data() + int64_t(tokens[r]) * d, d, x.data() + r * d);
+
+  double t_attn = 0;
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    const Layer& l = w_.layers[il];
+    rms_norm(x.data(), l.attn_norm.data(), n, d, hp.rms_eps, h.data());
+    linear(l.wq, h.data(), n, q.data());
+    linear(l.wk, h.data(), n, k.data());
+    linear(l.wv, h.data(), n, v.data());
+    rope(q.data(), n, hp.n_head, hp.head_dim, hp.n_rot, pos, inv_freq_);
+    rope(k.data(), n, hp.n_head_kv, hp.head_dim, hp.n_rot, pos, inv_freq_);
+    const auto t0 = Clock::now();
+    cache.store(int(il), k.data(), v.data());
+    cache.attend(int(il), q.data(), att.data());
+    t_attn += seconds_since(t0);
+    linear(l.wo, att.data(), n, tmp.data());
+    for (int64_t i = 0; i < n * d; ++i) x[i] += tmp[i];
+
+    rms_norm(x.data(), l.ffn_norm.data(), n, d, hp.rms_eps, h.data());
+    linear(l.ffn_gate, h.data(), n, g.data());
+    linear(l.ffn_up, h.data(), n, u.data());
+    for (int64_t i = 0; i < n * hp.n_ff; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    linear(l.ffn_down, g.data(), n, tmp.data());
+    for (int64_t i = 0; i < n * d; ++i) x[i] += tmp[i];
+  }
+
+  const int64_t n_out = int64_t(logit_rows.size());
+  std::vector<float> sel(size_t(n_out * d));
+  for (int64_t j = 0; j < n_out; ++j) {
+    CASCADE_CHECK(logit_rows[j] >= 0 && logit_rows[j] < n, "forward: logits asked for row ", logit_rows[j],
+                  " of ", n);
+    rms_norm(x.data() + logit_rows[j] * d, w_.output_norm.data(), 1, d, hp.rms_eps, sel.data() + j * d);
+  }
+  logits.resize(size_t(n_out * hp.n_vocab));
+  linear(w_.lm_head(), sel.data(), n_out, logits.data());
+  if (timings) {
+    timings->attention += t_attn;
+    timings->total += seconds_since(t_start);
+  }
+}
+
+}  // namespace cascade::llama

@@ -1,0 +1,114 @@
+// The Llama-style model: hyperparameters, weights and the forward pass over one batch of tokens.
+//
+// Hyperparameters come from the `llama.*` keys of a GGUF file (FORMATS.md): counts may be u32 or u64,
+// `head_count_kv` absent means head_count (no GQA), `rope.freq_base` absent means 10000,
+// `rope.dimension_count` absent means the head dim.
+//
+// Weights are dequantized to f32 at load (every supported tensor type, see quant.hpp). A linear layer is
+// stored as GGUF stores it: (n_out, n_in) row-major, so y = W x is a dot of each row with x; a step's
+// tokens are stacked into a matrix and multiplied at once, Y (n_tokens, n_out) = X (n_tokens, n_in) W^T.
+//
+// The forward pass (per step, all rows of the step together):
+//   x = token_embd[token]                                      (n, n_embd)
+//   per layer: h = rmsnorm(x) * attn_norm
+//              q = h Wq^T, k = h Wk^T, v = h Wv^T; RoPE on q and k (consecutive pairs, "normal" mode)
+//              the cache stores k, v and runs attention (cascade / split / unified, kv_cache.hpp)
+//              x += attn Wo^T
+//              h = rmsnorm(x) * ffn_norm;  x += (silu(h Wgate^T) * (h Wup^T)) Wdown^T
+//   logits = (rmsnorm(x) * output_norm) Woutput^T              only for the rows asked for
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cascade/plan.hpp"
+
+namespace cascade {
+
+namespace gguf {
+class File;
+}
+
+class KvCache;
+
+namespace llama {
+
+struct Hparams {
+  int64_t n_vocab = 0;
+  int64_t n_ctx_train = 0;  // llama.context_length
+  int64_t n_embd = 0;
+  int64_t n_layer = 0;
+  int64_t n_ff = 0;
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;  // n_embd / n_head
+  int64_t n_rot = 0;     // rotated dims per head (<= head_dim, even)
+  float rope_base = 10000.0f;
+  float rms_eps = 1e-5f;
+
+  HeadShape head_shape() const { return {int(n_head), int(n_head_kv), int(head_dim)}; }
+  // Reads the keys (n_vocab from token_embd.weight); throws Error naming the key or the inconsistency.
+  static Hparams from_gguf(const gguf::File& file);
+  void validate() const;
+};
+
+// A linear layer, y = W x: w is (n_out, n_in) row-major f32.
+struct Linear {
+  int64_t n_in = 0, n_out = 0;
+  std::vector<float> w;
+};
+
+// One transformer block (llama.cpp's llama_layer; the names are the GGUF tensor names without blk.N.).
+struct Layer {
+  std::vector<float> attn_norm;  // (n_embd)
+  Linear wq;                     // (n_head * head_dim, n_embd)
+  Linear wk, wv;                 // (n_head_kv * head_dim, n_embd)
+  Linear wo;                     // (n_embd, n_head * head_dim)
+  std::vector<float> ffn_norm;   // (n_embd)
+  Linear ffn_gate, ffn_up;       // (n_ff, n_embd)
+  Linear ffn_down;               // (n_embd, n_ff)
+};
+
+struct Weights {
+  Linear tok_embd;                 // (n_vocab, n_embd): row t is token t's embedding
+  std::vector<Layer> layers;
+  std::vector<float> output_norm;  // (n_embd)
+  Linear output;                   // (n_vocab, n_embd); empty when tied (tok_embd is used)
+  bool tied = false;
+  const Linear& lm_head() const { return tied ? tok_embd : output; }
+};
+
+// Wall time spent in a forward pass, in seconds.
+struct Timings {
+  double total = 0;
+  double attention = 0;  // the cache's attention calls only
+};
+
+class Model {
+ public:
+  // Architecture "llama" only; shapes are checked against the hyperparameters (an Error names the tensor),
+  // and a tensor of a type that cannot be dequantized is an Error naming tensor and type.
+  static Model load(const gguf::File& file);
+
+  const Hparams& hparams() const { return hp_; }
+  const Weights& weights() const { return w_; }
+
+  // Runs tokens[0..n) at positions pos[0..n) through the model. The cache's current step (begin_step)
+  // must describe exactly these rows, in this order. logits: (logit_rows.size(), n_vocab), row j for
+  // token logit_rows[j]. Timings are added to *t when given.
+  void forward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& pos, KvCache& cache,
+               const std::vector<int64_t>& logit_rows, std::vector<float>& logits, Timings* t = nullptr) const;
+
+ private:
+  Hparams hp_;
+  Weights w_;
+  std::vector<float> inv_freq_;  // (n_rot / 2): base^(-2i / n_rot)
+};
+
+// Y (n, W.n_out) = X (n, W.n_in) W^T, row-major; the output rows of W are split across the current
+// oneTBB arena's threads.
+void linear(const Linear& W, const float* X, int64_t n, float* Y);
+
+}  // namespace llama
+}  // namespace cascade

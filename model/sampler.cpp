@@ -1,0 +1,107 @@
+#include "model/sampler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "cascade/error.hpp"
+
+namespace cascade {
+
+void SamplerParams::validate() const {
+  CASCADE_CHECK(std::isfinite(temp) && temp >= 0, "temperature must be >= 0 (got ", temp, ")");
+  CASCADE_CHECK(top_p >= 0 && top_p <= 1, "top-p must be in [0, 1] (got ", top_p, ")");
+  CASCADE_CHECK(min_p >= 0 && min_p <= 1, "min-p must be in [0, 1] (got ", min_p, ")");
+}
+
+namespace {
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+}  // namespace
+
+Rng::Rng(uint64_t seed, uint64_t stream) {
+  uint64_t x = seed;
+  const uint64_t a = splitmix64(x);
+  x = a ^ (stream * 0xd1342543de82ef95ull + 0x2545f4914f6cdd1dull);
+  for (uint64_t& w : s_) w = splitmix64(x);
+}
+
+uint64_t Rng::next() {
+  const uint64_t r = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return r;
+}
+
+double Rng::uniform() { return double(next() >> 11) * 0x1p-53; }
+
+int32_t argmax(const float* logits, int64_t n) {
+  CASCADE_CHECK(n > 0, "argmax of an empty vector");
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (logits[i] > logits[best]) best = i;
+  return int32_t(best);
+}
+
+Sampler::Sampler(const SamplerParams& params, uint64_t stream) : params_(params), rng_(params.seed, stream) {
+  params_.validate();
+}
+
+std::vector<std::pair<int32_t, double>> Sampler::distribution(const float* logits, int64_t n) const {
+  CASCADE_CHECK(n > 0, "sampler: no logits");
+  if (params_.temp <= 0) return {{argmax(logits, n), 1.0}};
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  std::iota(ids.begin(), ids.end(), 0);
+  const auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  int64_t k = params_.top_k > 0 && params_.top_k < n ? params_.top_k : n;
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), better);
+  ids.resize(size_t(k));
+  std::vector<std::pair<int32_t, double>> p(static_cast<size_t>(k));
+  const double mx = logits[ids[0]], inv_t = 1.0 / double(params_.temp);
+  double sum = 0;
+  for (int64_t i = 0; i < k; ++i) sum += (p[i] = {ids[i], std::exp((double(logits[ids[i]]) - mx) * inv_t)}).second;
+  for (auto& e : p) e.second /= sum;
+  if (params_.top_p < 1) {
+    double cum = 0;
+    size_t keep = 0;
+    while (keep < p.size()) {
+      cum += p[keep++].second;
+      if (cum >= params_.top_p) break;
+    }
+    p.resize(keep);
+  }
+  if (params_.min_p > 0) {
+    const double floor = params_.min_p * p[0].second;
+    size_t keep = 1;
+    while (keep < p.size() && p[keep].second >= floor) ++keep;
+    p.resize(keep);
+  }
+  sum = 0;
+  for (auto& e : p) sum += e.second;
+  for (auto& e : p) e.second /= sum;
+  return p;
+}
+
+int32_t Sampler::sample(const float* logits, int64_t n) {
+  if (params_.temp <= 0) return argmax(logits, n);
+  const auto p = distribution(logits, n);
+  const double u = rng_.uniform();
+  double cum = 0;
+  for (const auto& e : p) {
+    cum += e.second;
+    if (u < cum) return e.first;
+  }
+  return p.back().first;  // u beyond the rounded total
+}
+
+}  // namespace cascade

@@ -1,0 +1,362 @@
+// cascade-generate: n parallel continuations of one or more prompts, with per-step timings, through the
+// attention method of your choice.
+//
+//   cascade-generate [-m MODEL.gguf] [-p TEXT | -f FILE] [-n N] [-np N] [-c N] [-t N] [--temp T]
+//                    [--top-k K] [--top-p P] [--min-p P] [-s SEED] [--attn cascade|split|unified]
+//                    [--kv-type f16|f32] [--chat] [--stats-every N] [--json]
+//
+// stdout: each sequence's text (or, with --json, one JSON object). stderr: progress, the periodic
+// `decode[STEP]: X ms, avg Y ms` lines and the final timings. Any problem: exactly one line
+// `cascade-generate: error: ...` on stderr, nothing on stdout, exit code 1.
+//
+// JSON strings: valid UTF-8 is written as is (control characters as \u00XX, `"` and `\` escaped); every
+// byte that is not part of valid UTF-8 becomes \uFFFD, so the output is always valid JSON and valid UTF-8.
+#include <tbb/info.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cascade/error.hpp"
+#include "model/chat.hpp"
+#include "model/generate.hpp"
+#include "model/gguf.hpp"
+#include "model/llama.hpp"
+#include "model/tokenizer.hpp"
+
+namespace {
+
+using cascade::detail::fail;
+
+constexpr const char* kUsage =
+    "usage: cascade-generate [options]\n"
+    "  -m, --model FILE      GGUF model (default models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
+    "  -p, --prompt TEXT     prompt (default: a short story opening)\n"
+    "  -f, --file FILE       prompts, one per line (blank lines skipped); each gets -np continuations\n"
+    "  -n, --n-predict N     tokens to generate per sequence (default 64)\n"
+    "  -np, --parallel N     sequences per prompt (default 4)\n"
+    "  -c, --ctx-size N      positions per sequence, prompt included (default 0: the model's)\n"
+    "  -t, --threads N       threads (default: all)\n"
+    "  --temp T              temperature, 0 = greedy (default 0.8)\n"
+    "  --top-k K             keep the K most likely tokens, 0 = all (default 40)\n"
+    "  --top-p P             nucleus sampling, 1 = off (default 0.95)\n"
+    "  --min-p P             drop tokens below P times the top probability, 0 = off (default 0.05)\n"
+    "  -s, --seed N          random seed, -1 = random (default -1)\n"
+    "  --attn METHOD         cascade (default), split or unified\n"
+    "  --kv-type TYPE        K/V storage: f16 (default) or f32\n"
+    "  --chat                wrap each prompt in the model's chat template as a user message\n"
+    "  --stats-every N       print the decode step time every N steps (default 0: off)\n"
+    "  --json                print one JSON object on stdout instead of the texts\n";
+
+struct Options {
+  std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  std::optional<std::string> prompt, file;
+  cascade::GenerateParams gen;
+  bool random_seed = true;
+  bool chat = false;
+  bool json = false;
+  int stats_every = 0;
+};
+
+int64_t parse_int(std::string_view flag, const std::string& s, int64_t lo, int64_t hi) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  CASCADE_CHECK(!s.empty() && end == s.c_str() + s.size() && errno == 0, "invalid number '", s, "' for ", flag);
+  CASCADE_CHECK(v >= lo && v <= hi, flag, " must be in [", lo, ", ", hi, "] (got ", v, ")");
+  return v;
+}
+
+float parse_float(std::string_view flag, const std::string& s, double lo, double hi) {
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  CASCADE_CHECK(!s.empty() && end == s.c_str() + s.size() && errno == 0 && std::isfinite(v), "invalid number '", s,
+                "' for ", flag);
+  CASCADE_CHECK(v >= lo && v <= hi, flag, " must be in [", lo, ", ", hi, "] (got ", s, ")");
+  return float(v);
+}
+
+// Returns nullopt when help was asked for.
+std::optional<Options> parse_args(int argc, char** argv) {
+  Options o;
+  o.gen.n_predict = 64;
+  o.gen.n_parallel = 4;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto value = [&]() -> std::string {
+      CASCADE_CHECK(i + 1 < argc, "missing value after ", a);
+      return argv[++i];
+    };
+    constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+    if (a == "-m" || a == "--model") {
+      o.model = value();
+    } else if (a == "-p" || a == "--prompt") {
+      o.prompt = value();
+    } else if (a == "-f" || a == "--file") {
+      o.file = value();
+    } else if (a == "-n" || a == "--n-predict") {
+      o.gen.n_predict = int(parse_int(a, value(), 0, kMaxInt));
+    } else if (a == "-np" || a == "--parallel") {
+      o.gen.n_parallel = int(parse_int(a, value(), 1, 4096));
+    } else if (a == "-c" || a == "--ctx-size") {
+      o.gen.n_ctx = parse_int(a, value(), 0, kMaxInt);
+    } else if (a == "-t" || a == "--threads") {
+      o.gen.n_threads = int(parse_int(a, value(), 1, 4096));
+    } else if (a == "--temp") {
+      o.gen.sampling.temp = parse_float(a, value(), 0, 1e6);
+    } else if (a == "--top-k") {
+      o.gen.sampling.top_k = int32_t(parse_int(a, value(), 0, kMaxInt));
+    } else if (a == "--top-p") {
+      o.gen.sampling.top_p = parse_float(a, value(), 0, 1);
+    } else if (a == "--min-p") {
+      o.gen.sampling.min_p = parse_float(a, value(), 0, 1);
+    } else if (a == "-s" || a == "--seed") {
+      const std::string v = value();
+      if (v == "-1") {
+        o.random_seed = true;
+      } else {
+        errno = 0;
+        char* end = nullptr;
+        const unsigned long long s = std::strtoull(v.c_str(), &end, 10);
+        CASCADE_CHECK(!v.empty() && v[0] != '-' && end == v.c_str() + v.size() && errno == 0, "invalid seed '", v,
+                      "' (a number in [0, 2^64) or -1 for a random one)");
+        o.gen.sampling.seed = s;
+        o.random_seed = false;
+      }
+    } else if (a == "--attn") {
+      o.gen.attn = cascade::parse_attn_method(value());
+    } else if (a == "--kv-type") {
+      const std::string v = value();
+      CASCADE_CHECK(v == "f16" || v == "f32", "--kv-type must be f16 or f32 (got '", v, "')");
+      o.gen.kv_dtype = cascade::parse_dtype(v);
+    } else if (a == "--chat") {
+      o.chat = true;
+    } else if (a == "--json") {
+      o.json = true;
+    } else if (a == "--stats-every") {
+      o.stats_every = int(parse_int(a, value(), 0, kMaxInt));
+    } else if (a == "-h" || a == "--help") {
+      return std::nullopt;
+    } else {
+      fail("unknown argument '", a, "' (see --help)");
+    }
+  }
+  CASCADE_CHECK(!(o.prompt && o.file), "give either -p or -f, not both");
+  if (o.random_seed) o.gen.sampling.seed = (uint64_t(std::random_device{}()) << 32) | std::random_device{}();
+  return o;
+}
+
+std::vector<std::string> read_prompts(const Options& o) {
+  if (!o.file) {
+    const std::string p = o.prompt.value_or("Once upon a time, in a small village by the sea, there lived");
+    CASCADE_CHECK(!p.empty(), "the prompt is empty");
+    return {p};
+  }
+  std::ifstream in(*o.file, std::ios::binary);
+  CASCADE_CHECK(in.good(), "cannot open prompt file '", *o.file, "'");
+  std::vector<std::string> prompts;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") != std::string::npos) prompts.push_back(line);
+  }
+  CASCADE_CHECK(in.eof(), "error reading prompt file '", *o.file, "'");
+  CASCADE_CHECK(!prompts.empty(), "prompt file '", *o.file, "' holds no prompt");
+  return prompts;
+}
+
+// Length of the valid UTF-8 sequence at s[i], or 0 when the bytes there are not one.
+size_t utf8_len(std::string_view s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned c = b(i);
+  if (c < 0x80) return 1;
+  size_t n;
+  uint32_t cp, min;
+  if ((c & 0xE0) == 0xC0) n = 2, cp = c & 0x1F, min = 0x80;
+  else if ((c & 0xF0) == 0xE0) n = 3, cp = c & 0x0F, min = 0x800;
+  else if ((c & 0xF8) == 0xF0) n = 4, cp = c & 0x07, min = 0x10000;
+  else return 0;
+  if (i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((b(i + k) & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (b(i + k) & 0x3F);
+  }
+  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+  return n;
+}
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = utf8_len(s, i);
+    if (n == 0) {
+      out += "\\ufffd";
+      ++i;
+      continue;
+    }
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == '"') out += "\\\"";
+    else if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\r') out += "\\r";
+    else if (c < 0x20 || c == 0x7F) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out.append(s.substr(i, n));
+    }
+    i += n;
+  }
+  return out + "\"";
+}
+
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+int run(int argc, char** argv) {
+  const std::optional<Options> opt = parse_args(argc, argv);
+  if (!opt) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  const Options& o = *opt;
+  const std::vector<std::string> texts = read_prompts(o);
+  const cascade::gguf::File file = cascade::gguf::File::open(o.model);
+  const cascade::Tokenizer tok(cascade::load_vocab(file));
+  const cascade::llama::Model model = cascade::llama::Model::load(file);
+  const int64_t n_ctx = o.gen.n_ctx > 0 ? o.gen.n_ctx : model.hparams().n_ctx_train;
+
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t p = 0; p < texts.size(); ++p) {
+    std::vector<int32_t> ids;
+    if (o.chat) {
+      const std::string chat = cascade::apply_chat_template(tok.vocab().chat_template, {{"user", texts[p]}}, true);
+      ids = tok.encode(chat, /*add_special=*/true, /*parse_special=*/true);
+    } else {
+      ids = tok.encode(texts[p], /*add_special=*/true, /*parse_special=*/false);
+    }
+    CASCADE_CHECK(!ids.empty(), "prompt ", p + 1, " gives no tokens");
+    CASCADE_CHECK(int64_t(ids.size()) < n_ctx, "prompt ", p + 1, " has ", ids.size(),
+                  " tokens, which leaves no room in the context of ", n_ctx, " (-c)");
+    prompts.push_back(std::move(ids));
+  }
+
+  // From here on nothing fails on bad input: progress may go to stderr.
+  const int n_threads = o.gen.n_threads > 0 ? o.gen.n_threads : tbb::info::default_concurrency();
+  std::fprintf(stderr, "cascade-generate: %zu prompt(s), %d sequence(s) each, -n %d, --attn %s, K/V %s, %d threads\n",
+               prompts.size(), o.gen.n_parallel, o.gen.n_predict, cascade::attn_method_name(o.gen.attn),
+               cascade::dtype_name(o.gen.kv_dtype), n_threads);
+  double sum_ms = 0;
+  const auto on_step = [&](int step, const cascade::StepStat& st) {
+    sum_ms += st.ms;
+    if (o.stats_every > 0 && (step + 1) % o.stats_every == 0)
+      std::fprintf(stderr, "decode[%d]: %.1f ms, avg %.1f ms\n", step + 1, st.ms, sum_ms / (step + 1));
+  };
+  const cascade::GenerateResult r =
+      cascade::generate(model, prompts, o.gen, [&](int32_t id) { return tok.is_eog(id); }, on_step);
+
+  double decode_ms = 0, decode_attn_ms = 0, share_sum = 0;
+  for (const cascade::StepStat& st : r.steps) {
+    decode_ms += st.ms;
+    decode_attn_ms += st.attn_ms;
+    share_sum += st.ms > 0 ? st.attn_ms / st.ms : 0;
+  }
+  const double n_steps = double(r.steps.size());
+  const double attn_share = n_steps > 0 ? share_sum / n_steps : 0;
+  const double decode_tps = decode_ms > 0 ? 1e3 * double(r.n_decode_tokens) / decode_ms : 0;
+  std::vector<std::string> out_texts;
+  for (const cascade::SequenceResult& sq : r.sequences) out_texts.push_back(tok.decode(sq.tokens, false));
+
+  if (o.json) {
+    std::ostringstream js;
+    js << "{\"model\":" << json_string(o.model) << ",\"attn\":\"" << cascade::attn_method_name(o.gen.attn)
+       << "\",\"kv_type\":\"" << cascade::dtype_name(o.gen.kv_dtype) << "\",\"n_threads\":" << n_threads
+       << ",\"seed\":" << o.gen.sampling.seed << ",\"n_ctx\":" << r.n_ctx << ",\"n_parallel\":" << o.gen.n_parallel
+       << ",\"n_predict\":" << o.gen.n_predict << ",\"n_prompts\":" << prompts.size()
+       << ",\"n_prompt_tokens\":" << r.n_prompt_tokens << ",\"n_prompt_stored\":" << r.n_prompt_stored
+       << ",\"prompt_ms\":" << json_number(r.prompt_ms) << ",\"prompt_attn_ms\":" << json_number(r.prompt_attn_ms)
+       << ",\"prompt_tokens_per_s\":"
+       << json_number(r.prompt_ms > 0 ? 1e3 * double(r.n_prompt_stored) / r.prompt_ms : 0)
+       << ",\"n_decode_tokens\":" << r.n_decode_tokens << ",\"decode_ms\":" << json_number(decode_ms)
+       << ",\"decode_tokens_per_s\":" << json_number(decode_tps) << ",\"attn_ms\":" << json_number(decode_attn_ms)
+       << ",\"attn_share\":" << json_number(attn_share) << ",\"kv_tokens\":" << r.kv_tokens
+       << ",\"kv_bytes\":" << r.kv_bytes << ",\"tree\":[";
+    for (size_t i = 0; i < r.tree.nodes.size(); ++i)
+      js << (i ? "," : "") << "{\"parent\":" << r.tree.nodes[i].parent << ",\"start\":" << r.tree.nodes[i].start
+         << ",\"n_tokens\":" << r.tree.nodes[i].tokens.size() << "}";
+    js << "],\"step_ms\":[";
+    for (size_t i = 0; i < r.steps.size(); ++i) js << (i ? "," : "") << json_number(r.steps[i].ms);
+    js << "],\"step_attn_ms\":[";
+    for (size_t i = 0; i < r.steps.size(); ++i) js << (i ? "," : "") << json_number(r.steps[i].attn_ms);
+    js << "],\"sequences\":[";
+    for (size_t s = 0; s < r.sequences.size(); ++s) {
+      js << (s ? "," : "") << "{\"prompt\":" << r.sequences[s].prompt << ",\"stop\":\"" << r.sequences[s].stop
+         << "\",\"text\":" << json_string(out_texts[s]) << ",\"tokens\":[";
+      for (size_t k = 0; k < r.sequences[s].tokens.size(); ++k) js << (k ? "," : "") << r.sequences[s].tokens[k];
+      js << "]}";
+    }
+    js << "]}\n";
+    std::fputs(js.str().c_str(), stdout);
+  } else {
+    for (size_t s = 0; s < r.sequences.size(); ++s) {
+      std::printf("--- sequence %zu (prompt %d, %s) ---\n%s\n", s, r.sequences[s].prompt + 1,
+                  r.sequences[s].stop.c_str(), out_texts[s].c_str());
+    }
+  }
+  for (size_t s = 0; s < r.sequences.size(); ++s)
+    if (r.sequences[s].stop == "context")
+      std::fprintf(stderr, "note: sequence %zu stopped at the context limit (%lld positions, -c)\n", s,
+                   static_cast<long long>(r.n_ctx));
+  std::fprintf(stderr, "prompt eval time = %10.2f ms / %5lld tokens (%8.2f ms per token, %8.2f tokens per second)\n",
+               r.prompt_ms, static_cast<long long>(r.n_prompt_stored),
+               r.n_prompt_stored ? r.prompt_ms / double(r.n_prompt_stored) : 0.0,
+               r.prompt_ms > 0 ? 1e3 * double(r.n_prompt_stored) / r.prompt_ms : 0.0);
+  std::fprintf(stderr,
+               "decode time      = %10.2f ms / %5lld tokens (%8.2f ms per token, %8.2f tokens per second), "
+               "%zu steps, %.2f ms per step\n",
+               decode_ms, static_cast<long long>(r.n_decode_tokens),
+               r.n_decode_tokens ? decode_ms / double(r.n_decode_tokens) : 0.0, decode_tps, r.steps.size(),
+               n_steps > 0 ? decode_ms / n_steps : 0.0);
+  std::fprintf(stderr, "attention        = %10.2f ms of decode (%.1f%% of each step on average), %.2f ms of prefill\n",
+               decode_attn_ms, 100 * attn_share, r.prompt_attn_ms);
+  std::fprintf(stderr, "prompt tokens    = %lld in the prompts, %lld stored in the tree (%zu nodes); K/V at the end: "
+               "%lld tokens, %.2f MiB\n",
+               static_cast<long long>(r.n_prompt_tokens), static_cast<long long>(r.n_prompt_stored),
+               r.tree.nodes.size(), static_cast<long long>(r.kv_tokens), double(r.kv_bytes) / (1 << 20));
+  return 0;
+}
+
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "cascade-generate: error: %s\n", one_line(e.what()).c_str());
+    return 1;
+  }
+}
