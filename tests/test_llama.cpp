@@ -1,0 +1,487 @@
+// The forward pass against an independent double-precision forward written here with plain loops, on a tiny
+// random Llama model written with the project's GGUF writer; the KV cache's three methods; the loader's errors.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cascade/error.hpp"
+#include "model/gguf.hpp"
+#include "model/kv_cache.hpp"
+#include "model/llama.hpp"
+#include "model/quant.hpp"
+
+using namespace cascade;
+using gguf::TensorType;
+
+namespace {
+
+struct Spec {
+  int n_layer = 2, n_embd = 32, n_head = 4, n_head_kv = 2, n_ff = 48, n_vocab = 50;
+  float rope_base = 10000.0f;
+  bool write_rope_base = false;  // absent: the default 10000 must be used
+  bool write_head_count_kv = true;
+  bool tied = true;
+  bool q8 = false;               // Q8_0 for every matrix whose rows are a whole number of blocks
+  bool u64 = false;              // counts as u64 instead of u32
+  std::string arch = "llama";
+};
+
+// A matrix (n_out rows of n_in) as the model will see it: the values after quantization.
+struct Mat {
+  int n_in = 0, n_out = 0;
+  std::vector<double> w;  // (n_out, n_in)
+  double at(int o, int i) const { return w[size_t(o) * n_in + i]; }
+};
+
+struct Tiny {
+  Spec spec;
+  Mat embd, out;
+  std::vector<double> out_norm;
+  struct L {
+    std::vector<double> attn_norm, ffn_norm;
+    Mat q, k, v, o, gate, up, down;
+  };
+  std::vector<L> layers;
+  std::vector<uint8_t> bytes;
+};
+
+// Q8_0 blocks of a row, and the values they stand for.
+std::vector<uint8_t> quantize_q8_0(const std::vector<float>& x, std::vector<double>& back) {
+  std::vector<uint8_t> out;
+  back.resize(x.size());
+  for (size_t b = 0; b < x.size(); b += 32) {
+    float amax = 0;
+    for (size_t j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b + j]));
+    const uint16_t d16 = gguf::fp32_to_fp16(amax / 127.0f);
+    const float d = gguf::fp16_to_fp32(d16);
+    out.push_back(uint8_t(d16 & 0xff));
+    out.push_back(uint8_t(d16 >> 8));
+    for (size_t j = 0; j < 32; ++j) {
+      const int q = d > 0 ? int(std::lround(x[b + j] / d)) : 0;
+      const int qc = std::clamp(q, -127, 127);
+      out.push_back(uint8_t(int8_t(qc)));
+      back[b + j] = double(qc) * double(d);
+    }
+  }
+  return out;
+}
+
+Tiny make_tiny(const Spec& s, uint32_t seed = 1) {
+  Tiny t;
+  t.spec = s;
+  std::mt19937 rng(seed);
+  gguf::Writer w;
+  w.set_string("general.architecture", s.arch);
+  const auto count = [&](const std::string& key, uint64_t v) {
+    if (s.u64) w.set_u64(key, v);
+    else w.set_u32(key, uint32_t(v));
+  };
+  const std::string a = s.arch;
+  count(a + ".context_length", 256);
+  count(a + ".embedding_length", uint64_t(s.n_embd));
+  count(a + ".block_count", uint64_t(s.n_layer));
+  count(a + ".feed_forward_length", uint64_t(s.n_ff));
+  count(a + ".attention.head_count", uint64_t(s.n_head));
+  if (s.write_head_count_kv) count(a + ".attention.head_count_kv", uint64_t(s.n_head_kv));
+  count(a + ".rope.dimension_count", uint64_t(s.n_embd / s.n_head));
+  w.set_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
+  if (s.write_rope_base) w.set_f32(a + ".rope.freq_base", s.rope_base);
+
+  // Values scaled so that activations stay O(1) through the layers: uniform(-1, 1) / sqrt(n_in) * 2.
+  const auto matrix = [&](const std::string& name, int n_in, int n_out, double gain) {
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> x(size_t(n_in) * n_out);
+    const float sc = float(gain / std::sqrt(double(n_in)));
+    for (float& v : x) v = u(rng) * sc;
+    Mat m;
+    m.n_in = n_in;
+    m.n_out = n_out;
+    if (s.q8 && n_in % 32 == 0) {
+      const auto q = quantize_q8_0(x, m.w);
+      w.add_tensor(name, TensorType::Q8_0, {n_in, n_out}, q.data());
+    } else {
+      m.w.assign(x.begin(), x.end());
+      w.add_tensor(name, TensorType::F32, {n_in, n_out}, x.data());
+    }
+    return m;
+  };
+  const auto norm = [&](const std::string& name, int n) {
+    std::uniform_real_distribution<float> u(0.5f, 1.5f);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = u(rng);
+    w.add_tensor(name, TensorType::F32, {n}, x.data());
+    return std::vector<double>(x.begin(), x.end());
+  };
+  const int hd = s.n_embd / s.n_head;
+  t.embd = matrix("token_embd.weight", s.n_embd, s.n_vocab, std::sqrt(double(s.n_embd)));
+  for (int il = 0; il < s.n_layer; ++il) {
+    const std::string p = "blk." + std::to_string(il) + ".";
+    Tiny::L l;
+    l.attn_norm = norm(p + "attn_norm.weight", s.n_embd);
+    l.q = matrix(p + "attn_q.weight", s.n_embd, s.n_head * hd, 2.0);
+    l.k = matrix(p + "attn_k.weight", s.n_embd, s.n_head_kv * hd, 2.0);
+    l.v = matrix(p + "attn_v.weight", s.n_embd, s.n_head_kv * hd, 1.0);
+    l.o = matrix(p + "attn_output.weight", s.n_head * hd, s.n_embd, 1.0);
+    l.ffn_norm = norm(p + "ffn_norm.weight", s.n_embd);
+    l.gate = matrix(p + "ffn_gate.weight", s.n_embd, s.n_ff, 1.0);
+    l.up = matrix(p + "ffn_up.weight", s.n_embd, s.n_ff, 1.0);
+    l.down = matrix(p + "ffn_down.weight", s.n_ff, s.n_embd, 1.0);
+    t.layers.push_back(std::move(l));
+  }
+  t.out_norm = norm("output_norm.weight", s.n_embd);
+  if (!s.tied) t.out = matrix("output.weight", s.n_embd, s.n_vocab, 1.0);
+  t.bytes = w.to_bytes();
+  return t;
+}
+
+// --- the independent reference: double precision, direct loops ---
+
+std::vector<double> matvec(const Mat& m, const std::vector<double>& x) {
+  std::vector<double> y(size_t(m.n_out), 0.0);
+  for (int o = 0; o < m.n_out; ++o)
+    for (int i = 0; i < m.n_in; ++i) y[o] += m.at(o, i) * x[i];
+  return y;
+}
+
+std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<double>& g) {
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  const double r = 1.0 / std::sqrt(ss / double(x.size()) + 1e-5);
+  std::vector<double> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * r * g[i];
+  return y;
+}
+
+// Rotates (x[2i], x[2i+1]) of every head by pos * base^(-2i/head_dim).
+void rope_ref(std::vector<double>& x, int n_heads, int hd, int pos, double base) {
+  for (int h = 0; h < n_heads; ++h)
+    for (int i = 0; i < hd / 2; ++i) {
+      const double th = pos * std::pow(base, -2.0 * i / hd);
+      double& a = x[size_t(h) * hd + 2 * i];
+      double& b = x[size_t(h) * hd + 2 * i + 1];
+      const double a0 = a, b0 = b;
+      a = a0 * std::cos(th) - b0 * std::sin(th);
+      b = a0 * std::sin(th) + b0 * std::cos(th);
+    }
+}
+
+// Logits of every position of a token sequence: (n, n_vocab).
+std::vector<std::vector<double>> reference_logits(const Tiny& t, const std::vector<int32_t>& toks) {
+  const Spec& s = t.spec;
+  const int hd = s.n_embd / s.n_head, n = int(toks.size()), group = s.n_head / s.n_head_kv;
+  std::vector<std::vector<double>> x(static_cast<size_t>(n));
+  for (int p = 0; p < n; ++p) x[p].assign(t.embd.w.begin() + size_t(toks[p]) * s.n_embd,
+                                          t.embd.w.begin() + size_t(toks[p] + 1) * s.n_embd);
+  for (const Tiny::L& l : t.layers) {
+    std::vector<std::vector<double>> q(static_cast<size_t>(n)), k(static_cast<size_t>(n)), v(static_cast<size_t>(n));
+    for (int p = 0; p < n; ++p) {
+      const auto h = rmsnorm(x[p], l.attn_norm);
+      q[p] = matvec(l.q, h);
+      k[p] = matvec(l.k, h);
+      v[p] = matvec(l.v, h);
+      rope_ref(q[p], s.n_head, hd, p, s.rope_base);
+      rope_ref(k[p], s.n_head_kv, hd, p, s.rope_base);
+    }
+    for (int p = 0; p < n; ++p) {
+      std::vector<double> att(size_t(s.n_head) * hd, 0.0);
+      for (int h = 0; h < s.n_head; ++h) {
+        const int kh = h / group;
+        std::vector<double> sc(size_t(p + 1));
+        double mx = -1e300;
+        for (int j = 0; j <= p; ++j) {
+          double d = 0;
+          for (int i = 0; i < hd; ++i) d += q[p][size_t(h) * hd + i] * k[j][size_t(kh) * hd + i];
+          sc[j] = d / std::sqrt(double(hd));
+          mx = std::max(mx, sc[j]);
+        }
+        double sum = 0;
+        for (double& e : sc) sum += (e = std::exp(e - mx));
+        for (int j = 0; j <= p; ++j)
+          for (int i = 0; i < hd; ++i) att[size_t(h) * hd + i] += sc[j] / sum * v[j][size_t(kh) * hd + i];
+      }
+      const auto o = matvec(l.o, att);
+      for (int i = 0; i < s.n_embd; ++i) x[p][i] += o[i];
+      const auto h2 = rmsnorm(x[p], l.ffn_norm);
+      auto g = matvec(l.gate, h2);
+      const auto u = matvec(l.up, h2);
+      for (int i = 0; i < s.n_ff; ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+      const auto dn = matvec(l.down, g);
+      for (int i = 0; i < s.n_embd; ++i) x[p][i] += dn[i];
+    }
+  }
+  std::vector<std::vector<double>> logits(static_cast<size_t>(n));
+  for (int p = 0; p < n; ++p) logits[p] = matvec(s.tied ? t.embd : t.out, rmsnorm(x[p], t.out_norm));
+  return logits;
+}
+
+// Tolerances. With an f32 cache the runtime differs from the reference only by f32 rounding: each dot product
+// has <= 64 terms of O(1) values (relative error ~ 64 * 6e-8 ~ 4e-6), and two layers with residuals, softmax
+// and norms amplify that by a small factor; logits are O(1..10), so 1e-4 absolute plus 1e-4 relative leaves a
+// margin of ~10x over what we see, yet a wrong RoPE pair, a missing mask or a misplaced row is off by O(1).
+// An f16 cache rounds every K and V to 11 significant bits (relative 2^-12 ~ 2.4e-4 per value), which reaches
+// the logits amplified the same way: 1e-2 + 1e-2 relative.
+struct Tol {
+  double atol, rtol;
+};
+
+void check_logits(const float* got, const std::vector<double>& ref, const Tol& tol, const std::string& what) {
+  int bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double err = std::fabs(double(got[i]) - ref[i]);
+    const double lim = tol.atol + tol.rtol * std::fabs(ref[i]);
+    worst = std::max(worst, err / lim);
+    if (!(err <= lim)) ++bad;
+  }
+  INFO(what << ": worst error / tolerance = " << worst);
+  CHECK(bad == 0);
+}
+
+// Prefill of two prompts sharing 5 tokens (a tree of 3 nodes), then 4 sequences (2 per prompt) decoding
+// their own random tokens for 4 steps, the last with only some of them active. Every logit of every row
+// is compared with the reference of the sequence's whole token list.
+void run_scenario(const Tiny& t, AttnMethod method, DType dtype, const Tol& tol) {
+  const gguf::File file = gguf::File::from_bytes(t.bytes, "tiny.gguf");
+  const llama::Model model = llama::Model::load(file);
+  const llama::Hparams& hp = model.hparams();
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> tok(0, t.spec.n_vocab - 1);
+  std::vector<int32_t> shared(5), tail_a(3), tail_b(4);
+  for (auto* v : {&shared, &tail_a, &tail_b})
+    for (int32_t& x : *v) x = tok(rng);
+  KvCache cache(int(hp.n_layer), hp.head_shape(), dtype, method);
+  const int root = cache.add_segment(-1, 0);
+  const int na = cache.add_segment(root, 5);
+  const int nb = cache.add_segment(root, 5);
+  std::vector<int32_t> tokens, pos;
+  for (int i = 0; i < 5; ++i) tokens.push_back(shared[i]), pos.push_back(i);
+  for (int i = 0; i < 3; ++i) tokens.push_back(tail_a[i]), pos.push_back(5 + i);
+  for (int i = 0; i < 4; ++i) tokens.push_back(tail_b[i]), pos.push_back(5 + i);
+  cache.begin_step({{root, 5, 0}, {na, 3, 5}, {nb, 4, 5}});
+  std::vector<int64_t> all_rows(tokens.size());
+  for (size_t i = 0; i < all_rows.size(); ++i) all_rows[i] = int64_t(i);
+  std::vector<float> logits;
+  model.forward(tokens, pos, cache, all_rows, logits);
+
+  std::vector<int32_t> prompt_a = shared, prompt_b = shared;
+  prompt_a.insert(prompt_a.end(), tail_a.begin(), tail_a.end());
+  prompt_b.insert(prompt_b.end(), tail_b.begin(), tail_b.end());
+  {
+    const auto ra = reference_logits(t, prompt_a), rb = reference_logits(t, prompt_b);
+    const int64_t V = hp.n_vocab;
+    for (int r = 0; r < 8; ++r) check_logits(logits.data() + r * V, ra[r], tol, "prefill row " + std::to_string(r));
+    for (int r = 0; r < 4; ++r)
+      check_logits(logits.data() + (8 + r) * V, rb[5 + r], tol, "prefill row " + std::to_string(8 + r));
+  }
+
+  // Four sequences: 0, 1 from prompt a; 2, 3 from prompt b.
+  const int n_seq = 4;
+  std::vector<std::vector<int32_t>> seq_tokens = {prompt_a, prompt_a, prompt_b, prompt_b};
+  const std::vector<int> leaf = {na, na, nb, nb};
+  std::vector<int> id(n_seq);
+  if (method == AttnMethod::cascade) {
+    for (int s = 0; s < n_seq; ++s) id[s] = cache.add_segment(leaf[s]);
+  } else if (method == AttnMethod::split) {
+    for (int s = 0; s < n_seq; ++s) {
+      id[s] = cache.add_segment(-1);
+      cache.copy_path(id[s], leaf[s]);
+    }
+    for (int g : {root, na, nb}) cache.release(g);
+  } else {
+    cache.build_unified(leaf);
+    for (int s = 0; s < n_seq; ++s) id[s] = s;
+  }
+  for (int step = 0; step < 4; ++step) {
+    std::vector<int> active = {0, 1, 2, 3};
+    if (step == 3) active = {1, 2};
+    std::vector<KvCache::Entry> entries;
+    tokens.clear();
+    pos.clear();
+    for (int s : active) {
+      const int32_t x = tok(rng);
+      entries.push_back({id[s], 1, int64_t(seq_tokens[s].size())});
+      tokens.push_back(x);
+      pos.push_back(int32_t(seq_tokens[s].size()));
+      seq_tokens[s].push_back(x);
+    }
+    cache.begin_step(entries);
+    std::vector<int64_t> rows(active.size());
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = int64_t(i);
+    model.forward(tokens, pos, cache, rows, logits);
+    for (size_t r = 0; r < active.size(); ++r) {
+      const auto ref = reference_logits(t, seq_tokens[active[r]]);
+      check_logits(logits.data() + r * hp.n_vocab, ref.back(), tol,
+                   std::string(attn_method_name(method)) + " step " + std::to_string(step) + " sequence " +
+                       std::to_string(active[r]));
+    }
+  }
+  // The prompt is stored once by cascade and unified, once per sequence by split.
+  const int64_t fed = 4 * 3 + 2;
+  if (method == AttnMethod::split) CHECK(cache.stored_tokens() == 2 * 8 + 2 * 9 + fed);
+  else CHECK(cache.stored_tokens() == 12 + fed);
+}
+
+std::string load_error(const Tiny& t) {
+  try {
+    const gguf::File file = gguf::File::from_bytes(t.bytes, "tiny.gguf");
+    (void)llama::Model::load(file);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("llama: f32 weights, f32 cache: every logit matches the double reference, all three methods") {
+  const Tiny t = make_tiny(Spec{});
+  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified}) {
+    CAPTURE(attn_method_name(m));
+    run_scenario(t, m, DType::f32, {1e-4, 1e-4});
+  }
+}
+
+TEST_CASE("llama: Q8_0 weights (mixed with f32), untied output, u64 counts, explicit rope base") {
+  Spec s;
+  s.q8 = true;
+  s.tied = false;
+  s.u64 = true;
+  s.write_rope_base = true;
+  s.rope_base = 500.0f;
+  const Tiny t = make_tiny(s, 2);
+  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified}) {
+    CAPTURE(attn_method_name(m));
+    run_scenario(t, m, DType::f32, {1e-4, 1e-4});
+  }
+}
+
+TEST_CASE("llama: f16 cache within the f16 tolerance; no GQA when head_count_kv is absent") {
+  Spec s;
+  s.write_head_count_kv = false;
+  s.n_head_kv = s.n_head;
+  const Tiny t = make_tiny(s, 3);
+  const gguf::File file = gguf::File::from_bytes(t.bytes, "tiny.gguf");
+  CHECK(llama::Model::load(file).hparams().n_head_kv == 4);
+  CHECK(llama::Model::load(file).weights().tied);
+  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified}) {
+    CAPTURE(attn_method_name(m));
+    run_scenario(t, m, DType::f16, {1e-2, 1e-2});
+  }
+}
+
+TEST_CASE("llama: hyperparameters read from the keys") {
+  const Tiny t = make_tiny(Spec{});
+  const gguf::File file = gguf::File::from_bytes(t.bytes, "tiny.gguf");
+  const llama::Hparams hp = llama::Hparams::from_gguf(file);
+  CHECK(hp.n_vocab == 50);
+  CHECK(hp.n_embd == 32);
+  CHECK(hp.n_layer == 2);
+  CHECK(hp.n_ff == 48);
+  CHECK(hp.n_head == 4);
+  CHECK(hp.n_head_kv == 2);
+  CHECK(hp.head_dim == 8);
+  CHECK(hp.n_rot == 8);
+  CHECK(hp.rope_base == 10000.0f);
+  CHECK(hp.rms_eps == doctest::Approx(1e-5));
+  CHECK(hp.n_ctx_train == 256);
+}
+
+TEST_CASE("llama: errors name the architecture, key or tensor at fault") {
+  SUBCASE("unknown architecture") {
+    Spec s;
+    s.arch = "gpt2";
+    const std::string e = load_error(make_tiny(s));
+    CHECK(e.find("unsupported architecture 'gpt2'") != std::string::npos);
+  }
+  SUBCASE("head_count does not divide the embedding") {
+    Spec s;
+    s.n_head = 5;
+    s.n_head_kv = 5;
+    const std::string e = load_error(make_tiny(s));
+    CHECK(e.find("head_count") != std::string::npos);
+  }
+  SUBCASE("head_count not a multiple of head_count_kv") {
+    Spec s;
+    s.n_head_kv = 3;
+    s.n_embd = 24;  // 4 heads of 6: K/V would be 18 wide; the error comes from the keys first
+    const std::string e = load_error(make_tiny(s));
+    CHECK(e.find("head_count_kv") != std::string::npos);
+  }
+  SUBCASE("a tensor of the wrong shape") {
+    Tiny t = make_tiny(Spec{});
+    gguf::Writer w;
+    const gguf::File f = gguf::File::from_bytes(t.bytes);
+    for (const auto& kv : f.kvs()) {
+      if (kv.value.type == gguf::ValueType::STRING) w.set_string(kv.key, kv.value.str);
+      else if (kv.value.type == gguf::ValueType::F32) w.set_f32(kv.key, float(*kv.value.as_float()));
+      else w.set_u32(kv.key, uint32_t(*kv.value.as_uint()));
+    }
+    for (const auto& ti : f.tensors()) {
+      if (ti.name == "blk.1.attn_k.weight") {
+        std::vector<float> z(size_t(32) * 8, 0.0f);
+        w.add_tensor(ti.name, ti.type, {32, 8}, z.data());
+      } else {
+        w.add_tensor(ti.name, ti.type, ti.ne, f.tensor_data(ti));
+      }
+    }
+    t.bytes = w.to_bytes();
+    const std::string e = load_error(t);
+    CHECK(e.find("blk.1.attn_k.weight") != std::string::npos);
+    CHECK(e.find("[32, 8]") != std::string::npos);
+    CHECK(e.find("[32, 16]") != std::string::npos);
+  }
+  SUBCASE("a missing tensor, and a tensor type the runtime cannot read") {
+    Tiny t = make_tiny(Spec{});
+    const gguf::File f = gguf::File::from_bytes(t.bytes);
+    for (int variant = 0; variant < 2; ++variant) {
+      gguf::Writer w;
+      for (const auto& kv : f.kvs()) {
+        if (kv.value.type == gguf::ValueType::STRING) w.set_string(kv.key, kv.value.str);
+        else if (kv.value.type == gguf::ValueType::F32) w.set_f32(kv.key, float(*kv.value.as_float()));
+        else w.set_u32(kv.key, uint32_t(*kv.value.as_uint()));
+      }
+      for (const auto& ti : f.tensors()) {
+        if (ti.name == "blk.0.ffn_up.weight") {
+          if (variant == 0) continue;
+          std::vector<uint8_t> q5(gguf::row_bytes(TensorType::Q5_0, 32) * 48, 0);
+          w.add_tensor(ti.name, TensorType::Q5_0, ti.ne, q5.data());
+        } else {
+          w.add_tensor(ti.name, ti.type, ti.ne, f.tensor_data(ti));
+        }
+      }
+      Tiny bad = t;
+      bad.bytes = w.to_bytes();
+      const std::string e = load_error(bad);
+      CAPTURE(e);
+      CHECK(e.find("blk.0.ffn_up.weight") != std::string::npos);
+      if (variant == 0) CHECK(e.find("missing tensor") != std::string::npos);
+      else CHECK(e.find("q5_0") != std::string::npos);
+    }
+  }
+  SUBCASE("a missing required key") {
+    Tiny t = make_tiny(Spec{});
+    const gguf::File f = gguf::File::from_bytes(t.bytes);
+    gguf::Writer w;
+    for (const auto& kv : f.kvs()) {
+      if (kv.key == "llama.block_count") continue;
+      if (kv.value.type == gguf::ValueType::STRING) w.set_string(kv.key, kv.value.str);
+      else if (kv.value.type == gguf::ValueType::F32) w.set_f32(kv.key, float(*kv.value.as_float()));
+      else w.set_u32(kv.key, uint32_t(*kv.value.as_uint()));
+    }
+    for (const auto& ti : f.tensors()) w.add_tensor(ti.name, ti.type, ti.ne, f.tensor_data(ti));
+    t.bytes = w.to_bytes();
+    CHECK(load_error(t).find("llama.block_count") != std::string::npos);
+  }
+}
+
+TEST_CASE("llama: KV cache rejects a step at the wrong position and unknown methods") {
+  KvCache cache(1, {4, 2, 8}, DType::f32, AttnMethod::cascade);
+  const int root = cache.add_segment(-1);
+  CHECK_THROWS_AS(cache.begin_step({{root, 1, 3}}), Error);
+  CHECK_THROWS_AS(parse_attn_method("flash"), Error);
+  CHECK(parse_attn_method("unified") == AttnMethod::unified);
+}
