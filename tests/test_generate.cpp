@@ -1,0 +1,214 @@
+// Generation with the real model (SmolLM2-135M-Instruct Q4_1, fetched by scripts/setup.sh): the three attention
+// methods give the same greedy text, prompts sharing a beginning share it, and cascade-generate's seeds, chat
+// mode and bad-input handling.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "model/generate.hpp"
+#include "model/gguf.hpp"
+#include "model/llama.hpp"
+#include "model/tokenizer.hpp"
+
+using namespace cascade;
+
+namespace {
+
+const char* kModel = CASCADE_MODEL_PATH;
+const std::string kTool = CASCADE_BINARY_DIR "/tools/cascade-generate";
+
+void require_model() {
+  REQUIRE_MESSAGE(std::filesystem::exists(kModel),
+                  "the model file " << kModel << " is missing: run `bash scripts/setup.sh` in the repository");
+}
+
+// The model, loaded once for the whole file.
+struct Loaded {
+  gguf::File file;
+  Tokenizer tok;
+  llama::Model model;
+  explicit Loaded(const char* path)
+      : file(gguf::File::open(path)), tok(load_vocab(file)), model(llama::Model::load(file)) {}
+};
+const Loaded& loaded() {
+  static std::unique_ptr<Loaded> l = std::make_unique<Loaded>(kModel);
+  return *l;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Run {
+  int rc = -1;
+  std::string out, err;
+};
+
+// Runs the tool with args (already shell-quoted), capturing stdout and stderr.
+Run run_tool(const std::string& args) {
+  const std::string dir = CASCADE_BINARY_DIR "/tests";
+  const std::string out = dir + "/gen_out.txt", err = dir + "/gen_err.txt";
+  const std::string cmd = kTool + " " + args + " >" + out + " 2>" + err;
+  const int st = std::system(cmd.c_str());
+  Run r;
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  r.out = read_file(out);
+  r.err = read_file(err);
+  return r;
+}
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+// Prompts sharing their first words, 4 of them x 2 sequences = 8 sequences.
+const std::vector<std::string> kPrompts = {
+    "The history of the city of Paris begins with a small settlement on an island in the river. Over the centuries",
+    "The history of the city of Paris begins with a small settlement on an island in the river. The first bridges",
+    "The history of the city of Paris begins with a small settlement on an island in the river. Today, visitors",
+    "The history of the city of Rome begins with",
+};
+
+}  // namespace
+
+TEST_CASE("generate: greedy continuations are identical with cascade, split and unified attention") {
+  require_model();
+  const Loaded& m = loaded();
+  std::vector<std::vector<int32_t>> prompts;
+  for (const std::string& p : kPrompts) prompts.push_back(m.tok.encode(p));
+  GenerateParams gp;
+  gp.n_predict = 64;
+  gp.n_parallel = 2;
+  gp.sampling.temp = 0;
+  std::vector<GenerateResult> res;
+  for (AttnMethod a : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified}) {
+    gp.attn = a;
+    res.push_back(generate(m.model, prompts, gp, [&](int32_t id) { return m.tok.is_eog(id); }));
+  }
+  REQUIRE(res[0].sequences.size() == 8);
+  for (int s = 0; s < 8; ++s) {
+    CAPTURE(s);
+    CAPTURE(m.tok.decode(res[0].sequences[s].tokens));
+    CHECK(res[1].sequences[s].tokens == res[0].sequences[s].tokens);
+    CHECK(res[2].sequences[s].tokens == res[0].sequences[s].tokens);
+    CHECK(res[0].sequences[s].tokens.size() >= 8);  // the prompts invite a long continuation
+  }
+  // Different prompts, different texts; the two sequences of a prompt agree (greedy).
+  CHECK(res[0].sequences[0].tokens == res[0].sequences[1].tokens);
+  CHECK(res[0].sequences[0].tokens != res[0].sequences[2].tokens);
+
+  // The shared beginning is stored once: a tree with one root above the three long prompts.
+  const GenerateResult& r = res[0];
+  CHECK(r.n_prompt_stored < r.n_prompt_tokens);
+  int64_t sum = 0;
+  for (const auto& p : prompts) sum += int64_t(p.size());
+  CHECK(r.n_prompt_tokens == sum);
+  // "The history of the city of" is shared by all four; the long sentence about Paris by the first three.
+  REQUIRE(r.tree.nodes.size() == 6);
+  CHECK(r.tree.nodes[0].parent == -1);
+  CHECK(r.tree.nodes[1].parent == 0);
+  CHECK(r.tree.nodes[1].tokens.size() >= 10);
+  for (int p = 0; p < 3; ++p) CHECK(r.tree.nodes[r.tree.prompt_node[p]].parent == 1);
+  // Split stores the prompt once per sequence; cascade and unified once.
+  CHECK(res[1].kv_tokens > res[0].kv_tokens);
+  CHECK(res[2].kv_tokens == res[0].kv_tokens);
+}
+
+TEST_CASE("generate: the prompt tree shares longest common prefixes") {
+  const PromptTree t = make_prompt_tree({{1, 2, 3, 4}, {1, 2, 3, 5, 6}, {1, 2}, {7, 8}, {1, 2, 3, 4}});
+  // Nodes: [1 2] root, [3] below it, [4] and [5 6] below that, [7 8] a second root.
+  CHECK(t.n_tokens() == 8);
+  REQUIRE(t.prompt_node.size() == 5);
+  CHECK(t.prompt_node[0] == t.prompt_node[4]);  // equal prompts share every node
+  const auto& n2 = t.nodes[t.prompt_node[2]];
+  CHECK(n2.tokens == std::vector<int32_t>{1, 2});
+  CHECK(n2.parent == -1);
+  const auto& n1 = t.nodes[t.prompt_node[1]];
+  CHECK(n1.tokens == std::vector<int32_t>{5, 6});
+  CHECK(n1.start == 3);
+  CHECK(t.nodes[n1.parent].tokens == std::vector<int32_t>{3});
+  CHECK(t.nodes[t.prompt_node[3]].parent == -1);
+  for (size_t i = 0; i < t.nodes.size(); ++i) CHECK(t.nodes[i].parent < int(i));
+  CHECK_THROWS_AS(make_prompt_tree({{1}, {}}), Error);
+}
+
+TEST_CASE("generate: a chat prompt gives coherent English") {
+  require_model();
+  const Run r = run_tool(std::string("-m ") + kModel +
+                         " --chat -p 'What is the capital of France? Answer in one sentence.' --temp 0 -n 40 -np 1 -t 2");
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  INFO(r.out);
+  CHECK(r.out.find("Paris") != std::string::npos);
+  int words = 0;
+  for (const char* w : {" the ", " is ", " of ", "The "}) words += r.out.find(w) != std::string::npos;
+  CHECK(words >= 2);
+  for (char c : r.out) CHECK(((c >= 0x20 && c < 0x7f) || c == '\n'));
+  CHECK(r.err.find("prompt eval time =") != std::string::npos);
+}
+
+TEST_CASE("generate: --seed reproduces the text; other seeds give other text; --json is well formed") {
+  require_model();
+  const std::string base = std::string("-m ") + kModel + " -p 'My favourite animal is' --temp 1 -n 16 -np 2 -t 2 --json";
+  const Run a = run_tool(base + " -s 123"), b = run_tool(base + " -s 123"), c = run_tool(base + " -s 124");
+  REQUIRE(a.rc == 0);
+  REQUIRE(b.rc == 0);
+  REQUIRE(c.rc == 0);
+  const auto texts = [](const std::string& json) { return json.substr(json.find("\"sequences\"")); };
+  CHECK(texts(a.out) == texts(b.out));
+  CHECK(texts(a.out) != texts(c.out));
+  for (const char* key : {"\"sequences\":[", "\"text\":", "\"tokens\":[", "\"step_ms\":[", "\"prompt_ms\":",
+                          "\"decode_tokens_per_s\":", "\"attn\":\"cascade\"", "\"attn_share\":", "\"n_prompt_tokens\":"})
+    CHECK_MESSAGE(a.out.find(key) != std::string::npos, key);
+  CHECK(count_lines(a.out) == 1);
+  CHECK(a.out.back() == '\n');
+}
+
+TEST_CASE("generate: bad input gives one error line, nothing on stdout, exit code 1") {
+  require_model();
+  const std::string m = std::string("-m ") + kModel + " ";
+  const std::string long_prompt(2000, 'a');
+  const std::vector<std::string> cases = {
+      "--bogus",
+      "-n",
+      "-n -5",
+      "-n abc",
+      "--temp -1",
+      "--top-p 2",
+      "--min-p 1.5",
+      "-np 0",
+      "-t 0",
+      "-c -1",
+      "--attn flash",
+      "-p ''",
+      "-f /nonexistent/prompts.txt",
+      "-m /nonexistent/model.gguf",
+      "-s x",
+      m + "-c 8 -p 'This prompt is certainly longer than eight tokens, by a wide margin.'",
+      "-p a -f b",
+  };
+  for (const std::string& args : cases) {
+    CAPTURE(args);
+    const Run r = run_tool(args);
+    INFO(r.err);
+    CHECK(r.rc != 0);
+    CHECK(r.rc < 128);
+    CHECK(r.out.empty());
+    CHECK(count_lines(r.err) == 1);
+    CHECK(r.err.rfind("cascade-generate: error: ", 0) == 0);
+  }
+}
