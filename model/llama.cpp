@@ -50,20 +50,101 @@ const gguf::TensorInfo& find_checked(const gguf::File& f, const std::string& nam
   return *t;
 }
 
-// Dequantizes a 2-D tensor (ne = {n_in, n_out}) row by row, rows spread over threads.
-Linear load_linear(const gguf::File& f, const std::string& name, int64_t n_in, int64_t n_out) {
+bool kept_quantized(gguf::TensorType t) {
+  return t == gguf::TensorType::Q8_0 || t == gguf::TensorType::Q4_1;
+}
+
+// A 2-D tensor (ne = {n_in, n_out}): its blocks as they are (keep_quantized and a kept type), or dequantized
+// row by row, rows spread over threads.
+Linear load_linear(const gguf::File& f, const std::string& name, int64_t n_in, int64_t n_out, bool keep_quantized) {
   const gguf::TensorInfo& t = find_checked(f, name, {n_in, n_out});
   Linear l;
   l.n_in = n_in;
   l.n_out = n_out;
-  l.w.resize(size_t(n_in * n_out));
   const uint8_t* data = f.tensor_data(t);
   const uint64_t rb = gguf::row_bytes(t.type, n_in);
+  if (keep_quantized && kept_quantized(t.type)) {
+    l.type = t.type;
+    l.row_bytes = rb;
+    l.q.assign(data, data + rb * uint64_t(n_out));
+    return l;
+  }
+  l.w.resize(size_t(n_in * n_out));
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_out, 256), [&](const tbb::blocked_range<int64_t>& r) {
     for (int64_t i = r.begin(); i < r.end(); ++i)
       gguf::dequantize_row(t.type, data + i * rb, l.w.data() + i * n_in, n_in);
   });
   return l;
+}
+
+// --- the kept block types, written so the compiler vectorizes them (layouts in quant.hpp) ---
+float half(const uint8_t* p) { return gguf::fp16_to_fp32(uint16_t(p[0] | (p[1] << 8))); }
+
+template <gguf::TensorType T>
+struct Block;
+template <>
+struct Block<gguf::TensorType::Q8_0> {
+  static constexpr int64_t bytes = 34;
+  static void dequant(const uint8_t* b, float* y) {
+    const float d = half(b);
+    const auto* q = reinterpret_cast<const int8_t*>(b + 2);
+    for (int j = 0; j < 32; ++j) y[j] = d * float(q[j]);
+  }
+};
+template <>
+struct Block<gguf::TensorType::Q4_1> {
+  static constexpr int64_t bytes = 20;
+  static void dequant(const uint8_t* b, float* y) {
+    const float d = half(b), m = half(b + 2);
+    const uint8_t* q = b + 4;
+    for (int j = 0; j < 16; ++j) {
+      y[j] = d * float(q[j] & 15) + m;
+      y[j + 16] = d * float(q[j] >> 4) + m;
+    }
+  }
+};
+
+template <gguf::TensorType T>
+void dequant_row(const uint8_t* row, float* y, int64_t n_in) {
+  for (int64_t b = 0; b < n_in / 32; ++b) Block<T>::dequant(row + b * Block<T>::bytes, y + b * 32);
+}
+
+// Most rows of X the fused path takes; more go through dequantized tiles and Eigen.
+constexpr int64_t kFusedRows = 16;
+
+// Y[r, i] = W_i . X_r for rows i of [i0, i1): every block of W is dequantized once into registers/L1 and
+// multiplied into all n rows of X (n <= kFusedRows).
+template <gguf::TensorType T>
+void fused_rows(const Linear& W, const float* X, int64_t n, float* Y, int64_t i0, int64_t i1) {
+  alignas(64) float acc[kFusedRows][32];
+  alignas(64) float w[32];
+  const int64_t n_blocks = W.n_in / 32;
+  for (int64_t i = i0; i < i1; ++i) {
+    const uint8_t* row = W.q.data() + uint64_t(i) * W.row_bytes;
+    for (int64_t r = 0; r < n; ++r)
+      for (int j = 0; j < 32; ++j) acc[r][j] = 0.0f;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      Block<T>::dequant(row + b * Block<T>::bytes, w);
+      for (int64_t r = 0; r < n; ++r) {
+        const float* x = X + r * W.n_in + b * 32;
+        for (int j = 0; j < 32; ++j) acc[r][j] += w[j] * x[j];
+      }
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      float s = 0;
+      for (int j = 0; j < 32; ++j) s += acc[r][j];
+      Y[r * W.n_out + i] = s;
+    }
+  }
+}
+
+template <class F>
+decltype(auto) dispatch_block(gguf::TensorType t, F&& f) {
+  switch (t) {
+    case gguf::TensorType::Q8_0: return f.template operator()<gguf::TensorType::Q8_0>();
+    case gguf::TensorType::Q4_1: return f.template operator()<gguf::TensorType::Q4_1>();
+    default: detail::fail("linear: type ", gguf::type_name(t), " is not kept quantized");
+  }
 }
 
 std::vector<float> load_vector(const gguf::File& f, const std::string& name, int64_t n) {
@@ -108,18 +189,47 @@ void rope(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t n_rot,
 
 }  // namespace
 
+void Linear::row(int64_t i, float* out) const {
+  if (type == gguf::TensorType::F32) {
+    std::copy_n(w.data() + i * n_in, n_in, out);
+    return;
+  }
+  dispatch_block(type, [&]<gguf::TensorType T>() { dequant_row<T>(q.data() + uint64_t(i) * row_bytes, out, n_in); });
+}
+
 void linear(const Linear& W, const float* X, int64_t n, float* Y) {
   if (n == 0) return;
   using Map = Eigen::Map<const RowMat>;
   using OutMap = Eigen::Map<RowMat, 0, Eigen::OuterStride<>>;
   const Map x(X, n, W.n_in);
-  // Blocks of output rows: big enough for Eigen's kernels, small enough to balance over threads.
-  const int64_t block = 64;
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, W.n_out, block), [&](const tbb::blocked_range<int64_t>& r) {
-    const int64_t m = r.end() - r.begin();
-    const Map w(W.w.data() + r.begin() * W.n_in, m, W.n_in);
-    OutMap y(Y + r.begin(), n, m, Eigen::OuterStride<>(W.n_out));
-    y.noalias() = x * w.transpose();
+  if (W.type == gguf::TensorType::F32) {
+    // Blocks of output rows: big enough for Eigen's kernels, small enough to balance over threads.
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, W.n_out, 64), [&](const tbb::blocked_range<int64_t>& r) {
+      const int64_t m = r.end() - r.begin();
+      const Map w(W.w.data() + r.begin() * W.n_in, m, W.n_in);
+      OutMap y(Y + r.begin(), n, m, Eigen::OuterStride<>(W.n_out));
+      y.noalias() = x * w.transpose();
+    });
+    return;
+  }
+  dispatch_block(W.type, [&]<gguf::TensorType T>() {
+    if (n <= kFusedRows) {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, W.n_out, 32), [&](const tbb::blocked_range<int64_t>& r) {
+        fused_rows<T>(W, X, n, Y, r.begin(), r.end());
+      });
+      return;
+    }
+    // Prefill: dequantize a tile of 64 rows (at most 64 x n_in floats, L2-sized) and multiply it with Eigen.
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, W.n_out, 64), [&](const tbb::blocked_range<int64_t>& r) {
+      thread_local std::vector<float> tile;
+      const int64_t m = r.end() - r.begin();
+      tile.resize(size_t(m * W.n_in));
+      for (int64_t i = 0; i < m; ++i)
+        dequant_row<T>(W.q.data() + uint64_t(r.begin() + i) * W.row_bytes, tile.data() + i * W.n_in, W.n_in);
+      const Map w(tile.data(), m, W.n_in);
+      OutMap y(Y + r.begin(), n, m, Eigen::OuterStride<>(W.n_out));
+      y.noalias() = x * w.transpose();
+    });
   });
 }
 
@@ -169,29 +279,37 @@ void Hparams::validate() const {
                 " must be non-negative");
 }
 
-Model Model::load(const gguf::File& f) {
+size_t Model::weight_bytes() const {
+  size_t n = w_.tok_embd.bytes() + w_.output.bytes() + w_.output_norm.size() * sizeof(float);
+  for (const Layer& l : w_.layers)
+    n += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.ffn_gate.bytes() + l.ffn_up.bytes() +
+         l.ffn_down.bytes() + (l.attn_norm.size() + l.ffn_norm.size()) * sizeof(float);
+  return n;
+}
+
+Model Model::load(const gguf::File& f, bool keep_quantized) {
   Model m;
   m.hp_ = Hparams::from_gguf(f);
   const Hparams& hp = m.hp_;
   const int64_t d = hp.n_embd, dq = hp.n_head * hp.head_dim, dkv = hp.n_head_kv * hp.head_dim;
   Weights& w = m.w_;
-  w.tok_embd = load_linear(f, "token_embd.weight", d, hp.n_vocab);
+  w.tok_embd = load_linear(f, "token_embd.weight", d, hp.n_vocab, keep_quantized);
   w.output_norm = load_vector(f, "output_norm.weight", d);
   w.tied = f.find_tensor("output.weight") == nullptr;
-  if (!w.tied) w.output = load_linear(f, "output.weight", d, hp.n_vocab);
+  if (!w.tied) w.output = load_linear(f, "output.weight", d, hp.n_vocab, keep_quantized);
   w.layers.resize(size_t(hp.n_layer));
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const std::string p = "blk." + std::to_string(il) + ".";
     Layer& l = w.layers[il];
     l.attn_norm = load_vector(f, p + "attn_norm.weight", d);
-    l.wq = load_linear(f, p + "attn_q.weight", d, dq);
-    l.wk = load_linear(f, p + "attn_k.weight", d, dkv);
-    l.wv = load_linear(f, p + "attn_v.weight", d, dkv);
-    l.wo = load_linear(f, p + "attn_output.weight", dq, d);
+    l.wq = load_linear(f, p + "attn_q.weight", d, dq, keep_quantized);
+    l.wk = load_linear(f, p + "attn_k.weight", d, dkv, keep_quantized);
+    l.wv = load_linear(f, p + "attn_v.weight", d, dkv, keep_quantized);
+    l.wo = load_linear(f, p + "attn_output.weight", dq, d, keep_quantized);
     l.ffn_norm = load_vector(f, p + "ffn_norm.weight", d);
-    l.ffn_gate = load_linear(f, p + "ffn_gate.weight", d, hp.n_ff);
-    l.ffn_up = load_linear(f, p + "ffn_up.weight", d, hp.n_ff);
-    l.ffn_down = load_linear(f, p + "ffn_down.weight", hp.n_ff, d);
+    l.ffn_gate = load_linear(f, p + "ffn_gate.weight", d, hp.n_ff, keep_quantized);
+    l.ffn_up = load_linear(f, p + "ffn_up.weight", d, hp.n_ff, keep_quantized);
+    l.ffn_down = load_linear(f, p + "ffn_down.weight", hp.n_ff, d, keep_quantized);
   }
   m.inv_freq_.resize(size_t(hp.n_rot / 2));
   for (int64_t i = 0; i < hp.n_rot / 2; ++i)
@@ -216,7 +334,7 @@ void Model::forward(const std::vector<int32_t>& tokens, const std::vector<int32_
   std::vector<float> x(size_t(n * d)), h(size_t(n * d)), q(size_t(n * dq)), k(size_t(n * dkv)), v(size_t(n * dkv)),
       att(size_t(n * dq)), g(size_t(n * hp.n_ff)), u(size_t(n * hp.n_ff)), tmp(size_t(n * d));
   for (int64_t r = 0; r < n; ++r)
-    std::copy_n(w_.tok_embd.w.data() + int64_t(tokens[r]) * d, d, x.data() + r * d);
+    w_.tok_embd.row(tokens[r], x.data() + r * d);
 
   double t_attn = 0;
   for (int64_t il = 0; il < hp.n_layer; ++il) {

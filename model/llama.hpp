@@ -4,7 +4,8 @@
 // `head_count_kv` absent means head_count (no GQA), `rope.freq_base` absent means 10000,
 // `rope.dimension_count` absent means the head dim.
 //
-// Weights are dequantized to f32 at load (every supported tensor type, see quant.hpp). A linear layer is
+// Weights: Q8_0 and Q4_1 matrices stay in their blocks (decode is memory-bound), every other supported type
+// (quant.hpp) is dequantized to f32 at load; Model::load(file, false) makes everything f32. A linear layer is
 // stored as GGUF stores it: (n_out, n_in) row-major, so y = W x is a dot of each row with x; a step's
 // tokens are stacked into a matrix and multiplied at once, Y (n_tokens, n_out) = X (n_tokens, n_in) W^T.
 //
@@ -23,12 +24,9 @@
 #include <vector>
 
 #include "cascade/plan.hpp"
+#include "model/gguf.hpp"
 
 namespace cascade {
-
-namespace gguf {
-class File;
-}
 
 class KvCache;
 
@@ -53,10 +51,17 @@ struct Hparams {
   void validate() const;
 };
 
-// A linear layer, y = W x: w is (n_out, n_in) row-major f32.
+// A linear layer, y = W x, W (n_out, n_in) row-major. Stored either as f32 (w) or, for Q8_0 and Q4_1
+// tensors when the model is loaded with keep_quantized, as the file's blocks (q: n_out rows of row_bytes):
+// decode is memory-bound, and those blocks are 3.8x (Q8_0) and 6.4x (Q4_1) smaller than f32.
 struct Linear {
   int64_t n_in = 0, n_out = 0;
+  gguf::TensorType type = gguf::TensorType::F32;  // F32 (w) or Q8_0 / Q4_1 (q)
   std::vector<float> w;
+  std::vector<uint8_t> q;
+  uint64_t row_bytes = 0;
+  void row(int64_t i, float* out) const;  // dequantizes row i into out (n_in floats)
+  size_t bytes() const { return w.size() * sizeof(float) + q.size(); }
 };
 
 // One transformer block (llama.cpp's llama_layer; the names are the GGUF tensor names without blk.N.).
@@ -89,10 +94,12 @@ class Model {
  public:
   // Architecture "llama" only; shapes are checked against the hyperparameters (an Error names the tensor),
   // and a tensor of a type that cannot be dequantized is an Error naming tensor and type.
-  static Model load(const gguf::File& file);
+  // keep_quantized: Q8_0 and Q4_1 matrices stay in their blocks (see Linear); else all are f32.
+  static Model load(const gguf::File& file, bool keep_quantized = true);
 
   const Hparams& hparams() const { return hp_; }
   const Weights& weights() const { return w_; }
+  size_t weight_bytes() const;
 
   // Runs tokens[0..n) at positions pos[0..n) through the model. The cache's current step (begin_step)
   // must describe exactly these rows, in this order. logits: (logit_rows.size(), n_vocab), row j for
@@ -107,7 +114,8 @@ class Model {
 };
 
 // Y (n, W.n_out) = X (n, W.n_in) W^T, row-major; the output rows of W are split across the current
-// oneTBB arena's threads.
+// oneTBB arena's threads. Quantized W: few rows (decode) take a fused dequantize-and-dot over all rows of
+// X at once (each block is read once per step); many rows (prefill) dequantize tiles of W for Eigen.
 void linear(const Linear& W, const float* X, int64_t n, float* Y);
 
 }  // namespace llama

@@ -26,6 +26,7 @@ struct Spec {
   bool write_head_count_kv = true;
   bool tied = true;
   bool q8 = false;               // Q8_0 for every matrix whose rows are a whole number of blocks
+  bool q4_1 = false;             // Q4_1 likewise (q8 wins when both are set)
   bool u64 = false;              // counts as u64 instead of u32
   std::string arch = "llama";
 };
@@ -70,6 +71,29 @@ std::vector<uint8_t> quantize_q8_0(const std::vector<float>& x, std::vector<doub
   return out;
 }
 
+// Q4_1 blocks of a row (d = (max - min) / 15, m = min), and the values they stand for.
+std::vector<uint8_t> quantize_q4_1(const std::vector<float>& x, std::vector<double>& back) {
+  std::vector<uint8_t> out;
+  back.resize(x.size());
+  for (size_t b = 0; b < x.size(); b += 32) {
+    float lo = x[b], hi = x[b];
+    for (size_t j = 0; j < 32; ++j) lo = std::min(lo, x[b + j]), hi = std::max(hi, x[b + j]);
+    const uint16_t d16 = gguf::fp32_to_fp16((hi - lo) / 15.0f), m16 = gguf::fp32_to_fp16(lo);
+    const float d = gguf::fp16_to_fp32(d16), m = gguf::fp16_to_fp32(m16);
+    for (uint16_t h : {d16, m16}) {
+      out.push_back(uint8_t(h & 0xff));
+      out.push_back(uint8_t(h >> 8));
+    }
+    int q[32];
+    for (size_t j = 0; j < 32; ++j) {
+      q[j] = d > 0 ? std::clamp(int(std::lround((x[b + j] - m) / d)), 0, 15) : 0;
+      back[b + j] = double(q[j]) * double(d) + double(m);
+    }
+    for (size_t j = 0; j < 16; ++j) out.push_back(uint8_t(q[j] | (q[j + 16] << 4)));
+  }
+  return out;
+}
+
 Tiny make_tiny(const Spec& s, uint32_t seed = 1) {
   Tiny t;
   t.spec = s;
@@ -103,6 +127,9 @@ Tiny make_tiny(const Spec& s, uint32_t seed = 1) {
     if (s.q8 && n_in % 32 == 0) {
       const auto q = quantize_q8_0(x, m.w);
       w.add_tensor(name, TensorType::Q8_0, {n_in, n_out}, q.data());
+    } else if (s.q4_1 && n_in % 32 == 0) {
+      const auto q = quantize_q4_1(x, m.w);
+      w.add_tensor(name, TensorType::Q4_1, {n_in, n_out}, q.data());
     } else {
       m.w.assign(x.begin(), x.end());
       w.add_tensor(name, TensorType::F32, {n_in, n_out}, x.data());
@@ -244,24 +271,27 @@ void check_logits(const float* got, const std::vector<double>& ref, const Tol& t
 // Prefill of two prompts sharing 5 tokens (a tree of 3 nodes), then 4 sequences (2 per prompt) decoding
 // their own random tokens for 4 steps, the last with only some of them active. Every logit of every row
 // is compared with the reference of the sequence's whole token list.
-void run_scenario(const Tiny& t, AttnMethod method, DType dtype, const Tol& tol) {
+// n_shared > 16 - 7 takes the prefill through the dequantized-tile path of quantized layers.
+void run_scenario(const Tiny& t, AttnMethod method, DType dtype, const Tol& tol, int n_shared = 5,
+                  bool keep_quantized = true) {
   const gguf::File file = gguf::File::from_bytes(t.bytes, "tiny.gguf");
-  const llama::Model model = llama::Model::load(file);
+  const llama::Model model = llama::Model::load(file, keep_quantized);
   const llama::Hparams& hp = model.hparams();
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> tok(0, t.spec.n_vocab - 1);
-  std::vector<int32_t> shared(5), tail_a(3), tail_b(4);
+  std::vector<int32_t> shared(static_cast<size_t>(n_shared)), tail_a(3), tail_b(4);
+  const int S = n_shared;
   for (auto* v : {&shared, &tail_a, &tail_b})
     for (int32_t& x : *v) x = tok(rng);
   KvCache cache(int(hp.n_layer), hp.head_shape(), dtype, method);
   const int root = cache.add_segment(-1, 0);
-  const int na = cache.add_segment(root, 5);
-  const int nb = cache.add_segment(root, 5);
+  const int na = cache.add_segment(root, S);
+  const int nb = cache.add_segment(root, S);
   std::vector<int32_t> tokens, pos;
-  for (int i = 0; i < 5; ++i) tokens.push_back(shared[i]), pos.push_back(i);
-  for (int i = 0; i < 3; ++i) tokens.push_back(tail_a[i]), pos.push_back(5 + i);
-  for (int i = 0; i < 4; ++i) tokens.push_back(tail_b[i]), pos.push_back(5 + i);
-  cache.begin_step({{root, 5, 0}, {na, 3, 5}, {nb, 4, 5}});
+  for (int i = 0; i < S; ++i) tokens.push_back(shared[i]), pos.push_back(i);
+  for (int i = 0; i < 3; ++i) tokens.push_back(tail_a[i]), pos.push_back(S + i);
+  for (int i = 0; i < 4; ++i) tokens.push_back(tail_b[i]), pos.push_back(S + i);
+  cache.begin_step({{root, S, 0}, {na, 3, S}, {nb, 4, S}});
   std::vector<int64_t> all_rows(tokens.size());
   for (size_t i = 0; i < all_rows.size(); ++i) all_rows[i] = int64_t(i);
   std::vector<float> logits;
@@ -273,9 +303,10 @@ void run_scenario(const Tiny& t, AttnMethod method, DType dtype, const Tol& tol)
   {
     const auto ra = reference_logits(t, prompt_a), rb = reference_logits(t, prompt_b);
     const int64_t V = hp.n_vocab;
-    for (int r = 0; r < 8; ++r) check_logits(logits.data() + r * V, ra[r], tol, "prefill row " + std::to_string(r));
+    for (int r = 0; r < S + 3; ++r)
+      check_logits(logits.data() + r * V, ra[r], tol, "prefill row " + std::to_string(r));
     for (int r = 0; r < 4; ++r)
-      check_logits(logits.data() + (8 + r) * V, rb[5 + r], tol, "prefill row " + std::to_string(8 + r));
+      check_logits(logits.data() + (S + 3 + r) * V, rb[S + r], tol, "prefill row " + std::to_string(S + 3 + r));
   }
 
   // Four sequences: 0, 1 from prompt a; 2, 3 from prompt b.
@@ -321,8 +352,8 @@ void run_scenario(const Tiny& t, AttnMethod method, DType dtype, const Tol& tol)
   }
   // The prompt is stored once by cascade and unified, once per sequence by split.
   const int64_t fed = 4 * 3 + 2;
-  if (method == AttnMethod::split) CHECK(cache.stored_tokens() == 2 * 8 + 2 * 9 + fed);
-  else CHECK(cache.stored_tokens() == 12 + fed);
+  if (method == AttnMethod::split) CHECK(cache.stored_tokens() == 2 * (S + 3) + 2 * (S + 4) + fed);
+  else CHECK(cache.stored_tokens() == S + 7 + fed);
 }
 
 std::string load_error(const Tiny& t) {
@@ -356,6 +387,24 @@ TEST_CASE("llama: Q8_0 weights (mixed with f32), untied output, u64 counts, expl
   for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified}) {
     CAPTURE(attn_method_name(m));
     run_scenario(t, m, DType::f32, {1e-4, 1e-4});
+  }
+}
+
+TEST_CASE("llama: Q4_1 weights kept quantized or dequantized at load; a prefill long enough for the tiled path") {
+  Spec s;
+  s.q4_1 = true;
+  const Tiny t = make_tiny(s, 4);
+  {
+    const gguf::File file = gguf::File::from_bytes(t.bytes, "tiny.gguf");
+    CHECK(llama::Model::load(file).weights().layers[0].wq.type == TensorType::Q4_1);
+    CHECK(llama::Model::load(file, false).weights().layers[0].wq.type == TensorType::F32);
+    CHECK(llama::Model::load(file).weights().layers[0].ffn_down.type == TensorType::F32);  // 48 is no block multiple
+  }
+  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified}) {
+    CAPTURE(attn_method_name(m));
+    run_scenario(t, m, DType::f32, {1e-4, 1e-4}, 5);
+    run_scenario(t, m, DType::f32, {1e-4, 1e-4}, 30);
+    run_scenario(t, m, DType::f32, {1e-4, 1e-4}, 30, /*keep_quantized=*/false);
   }
 }
 
