@@ -36,10 +36,11 @@ inline constexpr int64_t kMinChunk = 256;
 
 struct Item {
   int pass;         // segment (or 0 for the unified buffer)
-  int kvh;          // KV head
+  int kvh;          // first KV head
+  int heads;        // KV heads [kvh, kvh + heads): 1, or all of them for passes of a few rows
   int64_t e0, e1;   // stacked rows [e0, e1) of the pass; stacked row e = token_row * group + head_in_group
   int64_t t0, t1;   // tokens of the pass
-  int64_t ws;       // offset of the partial state in the workspace: o (e1-e0, d), then lse (e1-e0)
+  int64_t ws;       // offset of the partial state in the workspace: o (heads, e1-e0, d), lse (heads, e1-e0)
 };
 
 // Items of every (pass, kvh, row tile), in order, so the merge finds a row's partials directly.
@@ -48,12 +49,22 @@ struct Schedule {
   std::vector<int64_t> group_first;  // per (pass, kvh, tile) group: first item; plus a final sentinel
   std::vector<int64_t> pass_group;   // per pass: index of its first group, or -1 when it has no work
   std::vector<int64_t> pass_tiles;   // per pass: number of row tiles
+  std::vector<char> all_heads;       // per pass: its items carry every KV head
   int64_t ws_floats = 0;
 
   // Items holding stacked row e of pass p for KV head kvh: [first, last).
   std::pair<int64_t, int64_t> items_of(int p, int kvh, int64_t e) const {
-    const int64_t g = pass_group[p] + int64_t(kvh) * pass_tiles[p] + e / kMaxRows;
+    const int64_t g = pass_group[p] + (all_heads[p] ? 0 : int64_t(kvh) * pass_tiles[p]) + e / kMaxRows;
     return {group_first[g], group_first[g + 1]};
+  }
+  // Where item holds the partial state of (kvh, stacked row e): o (head_dim floats) and lse.
+  const float* partial_o(const float* ws, const Item& it, int kvh, int64_t e, int64_t d) const {
+    const int64_t n = it.e1 - it.e0, h = kvh - it.kvh;
+    return ws + it.ws + (h * n + e - it.e0) * d;
+  }
+  float partial_lse(const float* ws, const Item& it, int kvh, int64_t e, int64_t d) const {
+    const int64_t n = it.e1 - it.e0, h = kvh - it.kvh;
+    return ws[it.ws + it.heads * n * d + h * n + e - it.e0];
   }
 };
 
@@ -65,6 +76,7 @@ Schedule make_schedule(int n_pass, int n_kv_heads, int group, int64_t head_dim, 
   Schedule sc;
   sc.pass_group.assign(n_pass, -1);
   sc.pass_tiles.assign(n_pass, 0);
+  sc.all_heads.assign(n_pass, 0);
   double total = 0;
   for (int p = 0; p < n_pass; ++p) total += double(n_token_rows(p)) * group * length(p) * n_kv_heads;
   const double per_item = std::max(1.0, total / (4.0 * std::max(1, n_threads)));
@@ -72,20 +84,23 @@ Schedule make_schedule(int n_pass, int n_kv_heads, int group, int64_t head_dim, 
     const int64_t m = n_token_rows(p) * group, len = length(p);
     if (m == 0 || len == 0) continue;
     const int64_t n_tiles = (m + kMaxRows - 1) / kMaxRows;
+    const bool together = use_small_kernel(m, int(head_dim));
+    const int heads = together ? n_kv_heads : 1;
     sc.pass_group[p] = int64_t(sc.group_first.size());
     sc.pass_tiles[p] = n_tiles;
-    for (int kvh = 0; kvh < n_kv_heads; ++kvh) {
+    sc.all_heads[p] = together;
+    for (int kvh = 0; kvh < n_kv_heads; kvh += heads) {
       for (int64_t tile = 0; tile < n_tiles; ++tile) {
         sc.group_first.push_back(int64_t(sc.items.size()));
         const int64_t e0 = tile * kMaxRows, e1 = std::min(m, e0 + kMaxRows);
         const int64_t span = reach(p, e0 / group, (e1 + group - 1) / group);
         if (span == 0) continue;  // every row of the tile is masked out of this pass
-        int64_t n_chunks = int64_t(double(e1 - e0) * span / per_item + 0.5);
+        int64_t n_chunks = int64_t(double(e1 - e0) * heads * span / per_item + 0.5);
         n_chunks = std::clamp<int64_t>(n_chunks, 1, std::max<int64_t>(1, span / kMinChunk));
         const int64_t step = (span + n_chunks - 1) / n_chunks;
         for (int64_t t0 = 0; t0 < span; t0 += step) {
-          sc.items.push_back({p, kvh, e0, e1, t0, std::min(span, t0 + step), sc.ws_floats});
-          sc.ws_floats += (e1 - e0) * (head_dim + 1);
+          sc.items.push_back({p, kvh, heads, e0, e1, t0, std::min(span, t0 + step), sc.ws_floats});
+          sc.ws_floats += heads * (e1 - e0) * (head_dim + 1);
         }
       }
     }
@@ -106,19 +121,22 @@ inline tbb::enumerable_thread_specific<ItemScratch>& item_scratch() {
   return tls;
 }
 
-// Copies stacked rows [e0, e1) of a pass into buf, scaled. token_row(r) gives the global query row.
+// Copies stacked rows [e0, e1) of an item's heads into buf (heads, e1 - e0, head_dim), scaled.
+// token_row(r) gives the global query row of the pass's token row r.
 template <class TokenRow>
-void gather_queries(const float* q, const HeadShape& shape, float scale, int kvh, int64_t e0, int64_t e1,
-                    TokenRow token_row, std::vector<float>& buf) {
+void gather_queries(const float* q, const HeadShape& shape, float scale, const Item& it, TokenRow token_row,
+                    std::vector<float>& buf) {
   const int group = shape.group();
   const int64_t d = shape.head_dim;
-  buf.resize((e1 - e0) * d);
-  for (int64_t e = e0; e < e1; ++e) {
-    const int64_t row = token_row(e / group);
-    const int qh = kvh * group + int(e % group);
-    const float* src = q + (row * shape.n_q_heads + qh) * d;
-    float* dst = buf.data() + (e - e0) * d;
-    for (int64_t i = 0; i < d; ++i) dst[i] = src[i] * scale;
+  buf.resize(it.heads * (it.e1 - it.e0) * d);
+  float* dst = buf.data();
+  for (int h = it.kvh; h < it.kvh + it.heads; ++h) {
+    for (int64_t e = it.e0; e < it.e1; ++e, dst += d) {
+      const int64_t row = token_row(e / group);
+      const int qh = h * group + int(e % group);
+      const float* src = q + (row * shape.n_q_heads + qh) * d;
+      for (int64_t i = 0; i < d; ++i) dst[i] = src[i] * scale;
+    }
   }
 }
 
@@ -148,11 +166,11 @@ void merge_outputs(const HeadShape& shape, int64_t n_rows, const Schedule& sc, c
         pl.clear();
         for_each_part(row, qh, [&](int pass, int64_t e) {
           const auto [first, last] = sc.items_of(pass, qh / shape.group(), e);
+          const int kvh = qh / shape.group();
           for (int64_t it = first; it < last; ++it) {
             const Item& item = sc.items[it];
-            const int64_t n = item.e1 - item.e0, r = e - item.e0;
-            po.push_back(ws.data() + item.ws + r * d);
-            pl.push_back(ws[item.ws + n * d + r]);
+            po.push_back(sc.partial_o(ws.data(), item, kvh, e, d));
+            pl.push_back(sc.partial_lse(ws.data(), item, kvh, e, d));
           }
         });
         float lse_out;
@@ -191,13 +209,13 @@ inline void attend(const Plan& plan, const float* q, float* o, float* lse = null
       for (size_t i = br.begin(); i < br.end(); ++i) {
         const detail::Item& it = sc.items[i];
         const auto& seg_rows = rows(it.pass);
-        detail::gather_queries(q, shape, plan.scale(), it.kvh, it.e0, it.e1,
-                               [&](int64_t r) { return seg_rows[r].row; }, s.q);
+        detail::gather_queries(q, shape, plan.scale(), it, [&](int64_t r) { return seg_rows[r].row; }, s.q);
         s.limit.resize(it.e1 - it.e0);
         for (int64_t e = it.e0; e < it.e1; ++e) s.limit[e - it.e0] = seg_rows[e / group].limit;
         const int64_t n = it.e1 - it.e0;
-        attend_range_dispatch(s.q.data(), n, plan.segment(it.pass), it.kvh, it.t0, it.t1, LimitMask{s.limit.data()},
-                              ws.data() + it.ws, ws.data() + it.ws + n * d, s.kernel);
+        attend_range_dispatch(s.q.data(), n, it.heads, plan.segment(it.pass), it.kvh, it.t0, it.t1,
+                              LimitMask{s.limit.data()}, ws.data() + it.ws, ws.data() + it.ws + it.heads * n * d,
+                              s.kernel);
       }
     });
     // Map each output row back to its sequence once.
@@ -260,7 +278,7 @@ inline void attend_unified(const HeadShape& shape, const UnifiedBatch& b, const 
       detail::ItemScratch& s = detail::item_scratch().local();
       for (size_t i = br.begin(); i < br.end(); ++i) {
         const detail::Item& it = sc.items[i];
-        detail::gather_queries(q, shape, sc_scale, it.kvh, it.e0, it.e1, [](int64_t r) { return r; }, s.q);
+        detail::gather_queries(q, shape, sc_scale, it, [](int64_t r) { return r; }, s.q);
         const int64_t n = it.e1 - it.e0;
         s.seq.resize(n);
         s.pos.resize(n);
@@ -268,9 +286,9 @@ inline void attend_unified(const HeadShape& shape, const UnifiedBatch& b, const 
           s.seq[e - it.e0] = b.row_seq[e / group];
           s.pos[e - it.e0] = b.row_pos[e / group];
         }
-        attend_range_dispatch(s.q.data(), n, b.kv, it.kvh, it.t0, it.t1,
+        attend_range_dispatch(s.q.data(), n, it.heads, b.kv, it.kvh, it.t0, it.t1,
                               UnifiedMask{b.key_seqs, b.n_words, b.key_pos, s.seq.data(), s.pos.data()},
-                              ws.data() + it.ws, ws.data() + it.ws + n * d, s.kernel);
+                              ws.data() + it.ws, ws.data() + it.ws + it.heads * n * d, s.kernel);
       }
     });
     detail::merge_outputs(shape, b.n_rows, sc, ws, o, lse, [&](int64_t row, int qh, auto&& add) {

@@ -1,0 +1,385 @@
+// cascade-bench: one decode step of attention for B sequences sharing a P-token prefix, each with t tokens
+// of its own, computed by cascade, split (prefix copied per sequence) and unified (one buffer + mask),
+// timed side by side against the machine's limits measured in the same run.
+//
+// Each row carries the minimum bytes and FLOPs the step needs (DESIGN.md's table: K/V of P + B*t tokens
+// read once, 4*B*n_q_heads*(P + t)*head_dim FLOPs), the time those imply at the measured bandwidth and
+// matrix-multiply rate (limit_ms, the larger of the two), and the fraction reached, limit_ms / median_ms.
+// Caches are flushed before every timed repetition, so K/V comes from memory as in a real decode step.
+#include <tbb/info.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cascade/cascade.hpp"
+#include "machine.hpp"
+
+namespace {
+
+using cascade::DType;
+using cascade::HeadShape;
+
+[[noreturn]] void die(const std::string& msg) {
+  std::fprintf(stderr, "cascade-bench: error: %s\n", msg.c_str());
+  std::exit(1);
+}
+
+struct Args {
+  std::vector<int64_t> batch{32}, prefix{1230}, suffix{1024};
+  HeadShape shape{9, 3, 64};
+  std::string shape_name = "smollm2-135m";
+  std::vector<DType> dtypes{DType::f16};
+  std::vector<std::string> methods{"cascade", "split", "unified"};
+  std::vector<int> threads{0};
+  int reps = 5, warmup = 1;
+  std::string format = "md";
+  bool flush = true;
+};
+
+int64_t parse_int(const std::string& flag, const std::string& s, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end || errno) die(flag + ": '" + s + "' is not an integer");
+  if (v < lo || v > hi) die(flag + ": " + s + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(item);
+  if (out.empty()) out.push_back("");
+  return out;
+}
+
+std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& s, int64_t lo, int64_t hi) {
+  std::vector<int64_t> out;
+  for (const auto& item : split_list(s)) out.push_back(parse_int(flag, item, lo, hi));
+  return out;
+}
+
+const std::map<std::string, HeadShape>& presets() {
+  static const std::map<std::string, HeadShape> p = {
+      {"smollm2-135m", {9, 3, 64}},   {"llama3-8b", {32, 8, 128}},  {"llama3.2-1b", {32, 8, 64}},
+      {"llama2-7b", {32, 32, 128}},   {"qwen2.5-7b", {28, 4, 128}}, {"mistral-7b", {32, 8, 128}},
+  };
+  return p;
+}
+
+void usage() {
+  std::printf(
+      "usage: cascade-bench [options]\n"
+      "  --batch LIST        sequences sharing the prefix (default 32)\n"
+      "  --prefix LIST       shared prefix tokens (default 1230)\n"
+      "  --suffix LIST       tokens of each sequence's own (default 1024)\n"
+      "  --shape NAME        head-shape preset: smollm2-135m (9/3/64, default), llama3-8b (32/8/128),\n"
+      "                      llama3.2-1b (32/8/64), llama2-7b (32/32/128), qwen2.5-7b (28/4/128), mistral-7b\n"
+      "  --heads Q/KV/D      explicit query heads / KV heads / head dim\n"
+      "  --kv-dtype LIST     f32, f16, bf16 (default f16)\n"
+      "  --method LIST       cascade, split, unified (default all three)\n"
+      "  --threads LIST      threads (0 = all; default 0)\n"
+      "  --reps N            timed repetitions (default 5), --warmup N (default 1)\n"
+      "  --no-flush          keep caches warm between repetitions\n"
+      "  -o md|csv|json      output format (default md)\n");
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) die(f + " needs a value");
+      return argv[++i];
+    };
+    if (f == "-h" || f == "--help") {
+      usage();
+      std::exit(0);
+    } else if (f == "--batch") {
+      a.batch = parse_int_list(f, value(), 1, 4096);
+    } else if (f == "--prefix") {
+      a.prefix = parse_int_list(f, value(), 0, 1 << 24);
+    } else if (f == "--suffix") {
+      a.suffix = parse_int_list(f, value(), 0, 1 << 24);
+    } else if (f == "--shape") {
+      const std::string name = value();
+      auto it = presets().find(name);
+      if (it == presets().end()) die("--shape: unknown preset '" + name + "' (see --help)");
+      a.shape = it->second;
+      a.shape_name = name;
+    } else if (f == "--heads") {
+      const std::string v = value();
+      int q, kv, d;
+      char tail;
+      if (std::sscanf(v.c_str(), "%d/%d/%d%c", &q, &kv, &d, &tail) != 3) die("--heads: expected Q/KV/D, got '" + v + "'");
+      a.shape = {q, kv, d};
+      try {
+        a.shape.validate();
+      } catch (const cascade::Error& e) {
+        die(std::string("--heads: ") + e.what());
+      }
+      a.shape_name = v;
+    } else if (f == "--kv-dtype") {
+      a.dtypes.clear();
+      for (const auto& s : split_list(value())) {
+        try {
+          a.dtypes.push_back(cascade::parse_dtype(s));
+        } catch (const cascade::Error& e) {
+          die(std::string("--kv-dtype: ") + e.what());
+        }
+      }
+    } else if (f == "--method") {
+      a.methods = split_list(value());
+      for (const auto& m : a.methods)
+        if (m != "cascade" && m != "split" && m != "unified")
+          die("--method: unknown method '" + m + "' (cascade, split, unified)");
+    } else if (f == "--threads") {
+      a.threads.clear();
+      for (auto t : parse_int_list(f, value(), 0, 1024)) a.threads.push_back(int(t));
+    } else if (f == "--reps") {
+      a.reps = int(parse_int(f, value(), 1, 100000));
+    } else if (f == "--warmup") {
+      a.warmup = int(parse_int(f, value(), 0, 100000));
+    } else if (f == "--no-flush") {
+      a.flush = false;
+    } else if (f == "-o") {
+      a.format = value();
+      if (a.format != "md" && a.format != "csv" && a.format != "json") die("-o: expected md, csv or json");
+    } else {
+      die("unknown flag '" + f + "' (see --help)");
+    }
+  }
+  return a;
+}
+
+struct Row {
+  std::string method;
+  int64_t batch, prefix, suffix;
+  HeadShape shape;
+  DType dtype;
+  int threads;
+  double median_ms, mean_ms, stdev_ms, min_ms, max_ms;
+  double min_bytes, min_flops, bytes_read, limit_ms;
+  double bw_gbs, gemm_gflops;
+};
+
+// The problem's K/V: one prefix, B suffixes, dense (tokens, kv heads, dim) in the chosen dtype.
+struct Problem {
+  std::vector<uint8_t> pk, pv;
+  std::vector<std::vector<uint8_t>> sk, sv;
+  std::vector<float> q;
+  cascade::Plan plan;
+};
+
+std::unique_ptr<Problem> make_problem(const HeadShape& shape, DType dt, int64_t batch, int64_t prefix, int64_t suffix,
+                                      std::mt19937& rng) {
+  auto p = std::make_unique<Problem>();
+  const int64_t row = int64_t(shape.n_kv_heads) * shape.head_dim;
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  auto fill = [&](std::vector<uint8_t>& b, int64_t n_tokens) {
+    b.resize(size_t(n_tokens * row * cascade::dtype_size(dt)));
+    cascade::dispatch_dtype(dt, [&]<class T>() {
+      T* x = reinterpret_cast<T*>(b.data());
+      for (int64_t i = 0; i < n_tokens * row; ++i) x[i] = T(u(rng));
+    });
+  };
+  fill(p->pk, prefix);
+  fill(p->pv, prefix);
+  p->sk.resize(size_t(batch));
+  p->sv.resize(size_t(batch));
+  auto view = [&](const std::vector<uint8_t>& k, const std::vector<uint8_t>& v, int64_t n) {
+    cascade::KvView kv = cascade::KvView::contiguous(reinterpret_cast<const float*>(k.data()),
+                                                     reinterpret_cast<const float*>(v.data()), n, shape.n_kv_heads,
+                                                     shape.head_dim);
+    kv.dtype = dt;
+    return kv;
+  };
+  std::vector<cascade::KvView> suffixes;
+  for (int64_t s = 0; s < batch; ++s) {
+    fill(p->sk[size_t(s)], suffix);
+    fill(p->sv[size_t(s)], suffix);
+    suffixes.push_back(view(p->sk[size_t(s)], p->sv[size_t(s)], suffix));
+  }
+  p->plan = cascade::Plan::two_level(shape, view(p->pk, p->pv, prefix), suffixes);
+  p->q.resize(size_t(batch * shape.n_q_heads * shape.head_dim));
+  for (float& x : p->q) x = u(rng);
+  return p;
+}
+
+template <class F>
+std::vector<double> time_reps(const Args& a, bench::CacheFlusher* flusher, F&& run) {
+  for (int i = 0; i < a.warmup; ++i) run();
+  std::vector<double> ms;
+  for (int i = 0; i < a.reps; ++i) {
+    if (flusher) flusher->flush();
+    const double t0 = bench::now_s();
+    run();
+    ms.push_back((bench::now_s() - t0) * 1e3);
+  }
+  return ms;
+}
+
+void fill_stats(Row& r, std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  const size_t n = ms.size();
+  r.median_ms = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+  double sum = 0, sq = 0;
+  for (double x : ms) sum += x;
+  r.mean_ms = sum / double(n);
+  for (double x : ms) sq += (x - r.mean_ms) * (x - r.mean_ms);
+  r.stdev_ms = n > 1 ? std::sqrt(sq / double(n - 1)) : 0.0;
+  r.min_ms = ms.front();
+  r.max_ms = ms.back();
+}
+
+std::string fmt(double x, int prec = 3) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", prec, x);
+  return b;
+}
+
+void print_md(const std::vector<Row>& rows) {
+  std::printf("| method  |   B |      P |      t | heads     | kv   | thr | median ms |     ± ms | limit ms | of limit |\n");
+  std::printf("|---------|----:|-------:|-------:|-----------|------|----:|----------:|---------:|---------:|---------:|\n");
+  for (const Row& r : rows) {
+    const std::string heads = std::to_string(r.shape.n_q_heads) + "/" + std::to_string(r.shape.n_kv_heads) + "/" +
+                              std::to_string(r.shape.head_dim);
+    std::printf("| %-7s | %3lld | %6lld | %6lld | %-9s | %-4s | %3d | %9s | %8s | %8s | %7.1f%% |\n", r.method.c_str(),
+                (long long)r.batch, (long long)r.prefix, (long long)r.suffix, heads.c_str(),
+                cascade::dtype_name(r.dtype), r.threads, fmt(r.median_ms).c_str(), fmt(r.stdev_ms).c_str(),
+                fmt(r.limit_ms).c_str(), 100.0 * r.limit_ms / r.median_ms);
+  }
+  // Speedups of cascade over the baselines measured in the same configuration.
+  bool header = false;
+  for (const Row& c : rows) {
+    if (c.method != "cascade") continue;
+    std::string line;
+    for (const Row& b : rows) {
+      if (b.method == "cascade" || b.batch != c.batch || b.prefix != c.prefix || b.suffix != c.suffix ||
+          b.dtype != c.dtype || b.threads != c.threads)
+        continue;
+      line += "  " + fmt(b.median_ms / c.median_ms, 2) + "x vs " + b.method;
+    }
+    if (line.empty()) continue;
+    if (!header) std::printf("\ncascade speedup (median over median):\n");
+    header = true;
+    std::printf("  B=%lld P=%lld t=%lld %s %d thr:%s\n", (long long)c.batch, (long long)c.prefix, (long long)c.suffix,
+                cascade::dtype_name(c.dtype), c.threads, line.c_str());
+  }
+}
+
+void print_csv(const std::vector<Row>& rows) {
+  std::printf(
+      "method,batch,prefix,suffix,n_q_heads,n_kv_heads,head_dim,kv_dtype,threads,median_ms,mean_ms,stdev_ms,min_ms,"
+      "max_ms,min_bytes,min_flops,bytes_read,limit_ms,fraction,bw_gbs,gemm_gflops\n");
+  for (const Row& r : rows)
+    std::printf("%s,%lld,%lld,%lld,%d,%d,%d,%s,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%.0f,%.0f,%.0f,%.6f,%.6f,%.3f,%.3f\n",
+                r.method.c_str(), (long long)r.batch, (long long)r.prefix, (long long)r.suffix, r.shape.n_q_heads,
+                r.shape.n_kv_heads, r.shape.head_dim, cascade::dtype_name(r.dtype), r.threads, r.median_ms, r.mean_ms,
+                r.stdev_ms, r.min_ms, r.max_ms, r.min_bytes, r.min_flops, r.bytes_read, r.limit_ms,
+                r.limit_ms / r.median_ms, r.bw_gbs, r.gemm_gflops);
+}
+
+void print_json(const std::vector<Row>& rows) {
+  std::printf("[\n");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::printf(
+        "  {\"method\": \"%s\", \"batch\": %lld, \"prefix\": %lld, \"suffix\": %lld, \"n_q_heads\": %d, "
+        "\"n_kv_heads\": %d, \"head_dim\": %d, \"kv_dtype\": \"%s\", \"threads\": %d, \"median_ms\": %.6f, "
+        "\"mean_ms\": %.6f, \"stdev_ms\": %.6f, \"min_ms\": %.6f, \"max_ms\": %.6f, \"min_bytes\": %.0f, "
+        "\"min_flops\": %.0f, \"bytes_read\": %.0f, \"limit_ms\": %.6f, \"fraction\": %.6f, \"bw_gbs\": %.3f, "
+        "\"gemm_gflops\": %.3f}%s\n",
+        r.method.c_str(), (long long)r.batch, (long long)r.prefix, (long long)r.suffix, r.shape.n_q_heads,
+        r.shape.n_kv_heads, r.shape.head_dim, cascade::dtype_name(r.dtype), r.threads, r.median_ms, r.mean_ms,
+        r.stdev_ms, r.min_ms, r.max_ms, r.min_bytes, r.min_flops, r.bytes_read, r.limit_ms, r.limit_ms / r.median_ms,
+        r.bw_gbs, r.gemm_gflops, i + 1 < rows.size() ? "," : "");
+  }
+  std::printf("]\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse_args(argc, argv);
+  std::mt19937 rng(1234);
+  std::vector<Row> rows;
+  std::unique_ptr<bench::CacheFlusher> flusher;
+  if (a.flush) flusher = std::make_unique<bench::CacheFlusher>();
+  std::map<int, std::pair<double, double>> limits;  // threads -> (bytes/s, flop/s)
+  try {
+    for (int thr_req : a.threads) {
+      const int thr = thr_req > 0 ? std::min(thr_req, tbb::info::default_concurrency())
+                                  : tbb::info::default_concurrency();
+      if (!limits.count(thr)) {
+        limits[thr] = {bench::measure_read_bandwidth(thr), bench::measure_gemm_rate(thr, 256, 256, 256)};
+        std::fprintf(stderr, "machine, %d threads: read bandwidth %.1f GB/s, f32 matrix multiply %.1f GFLOP/s\n", thr,
+                     limits[thr].first / 1e9, limits[thr].second / 1e9);
+      }
+      const auto [bw, flops] = limits[thr];
+      for (DType dt : a.dtypes)
+        for (int64_t B : a.batch)
+          for (int64_t P : a.prefix)
+            for (int64_t t : a.suffix) {
+              auto prob = make_problem(a.shape, dt, B, P, t, rng);
+              const HeadShape& sh = a.shape;
+              const double kv_token_bytes = 2.0 * sh.n_kv_heads * sh.head_dim * cascade::dtype_size(dt);
+              const double qo_bytes = 2.0 * B * sh.n_q_heads * sh.head_dim * 4;
+              Row base{};
+              base.batch = B;
+              base.prefix = P;
+              base.suffix = t;
+              base.shape = sh;
+              base.dtype = dt;
+              base.threads = thr;
+              base.min_bytes = kv_token_bytes * double(P + B * t) + qo_bytes;
+              base.min_flops = 4.0 * B * sh.n_q_heads * double(P + t) * sh.head_dim;
+              base.limit_ms = 1e3 * std::max(base.min_bytes / bw, base.min_flops / flops);
+              base.bw_gbs = bw / 1e9;
+              base.gemm_gflops = flops / 1e9;
+              std::vector<float> o(prob->q.size());
+              const cascade::cpu::Options opt{thr};
+              for (const std::string& m : a.methods) {
+                Row r = base;
+                r.method = m;
+                std::vector<double> ms;
+                if (m == "cascade") {
+                  r.bytes_read = base.min_bytes;
+                  ms = time_reps(a, flusher.get(), [&] { cascade::cpu::attend(prob->plan, prob->q.data(), o.data(), nullptr, opt); });
+                } else if (m == "split") {
+                  const cascade::SplitLayout split = cascade::make_split(prob->plan);
+                  r.bytes_read = kv_token_bytes * double(B) * double(P + t) + qo_bytes;
+                  ms = time_reps(a, flusher.get(), [&] { cascade::cpu::attend(split.plan, prob->q.data(), o.data(), nullptr, opt); });
+                } else {
+                  const cascade::UnifiedLayout uni = cascade::make_unified(prob->plan);
+                  r.bytes_read = base.min_bytes;
+                  ms = time_reps(a, flusher.get(), [&] {
+                    cascade::cpu::attend_unified(sh, uni.batch, prob->q.data(), o.data(), nullptr, opt, prob->plan.scale());
+                  });
+                }
+                fill_stats(r, ms);
+                rows.push_back(r);
+                std::fprintf(stderr, "  %-7s B=%lld P=%lld t=%lld %s thr=%d: %.3f ms\n", m.c_str(), (long long)B,
+                             (long long)P, (long long)t, cascade::dtype_name(dt), thr, r.median_ms);
+              }
+            }
+    }
+  } catch (const std::exception& e) {
+    die(e.what());
+  }
+  if (a.format == "md") print_md(rows);
+  else if (a.format == "csv") print_csv(rows);
+  else print_json(rows);
+  return 0;
+}
