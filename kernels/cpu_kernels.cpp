@@ -1,5 +1,5 @@
-// Explicit instantiations of the CPU tile kernel for every K/V type, head dims 64 and 128 (fixed-size fast
-// paths) and any other head dim, under both masks.
+// Explicit instantiations of the CPU kernels for every K/V type, head dims 64 and 128 (fixed-size fast paths)
+// and any other head dim, under both masks.
 #include "cascade/cpu/kernel.hpp"
 
 namespace cascade::cpu {
@@ -20,5 +20,11 @@ namespace cascade::cpu {
 
 CASCADE_CPU_KERNEL_INSTANTIATE_ALL(LimitMask)
 CASCADE_CPU_KERNEL_INSTANTIATE_ALL(UnifiedMask)
+
+// The dispatcher, which also holds the few-rows kernels.
+template void attend_range_dispatch<LimitMask>(const float*, int64_t, int, const KvView&, int, int64_t, int64_t,
+                                               const LimitMask&, float*, float*, Scratch&);
+template void attend_range_dispatch<UnifiedMask>(const float*, int64_t, int, const KvView&, int, int64_t, int64_t,
+                                                 const UnifiedMask&, float*, float*, Scratch&);
 
 }  // namespace cascade::cpu

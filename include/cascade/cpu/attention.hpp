@@ -17,6 +17,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "cascade/cpu/kernel.hpp"
@@ -141,15 +144,25 @@ void gather_queries(const float* q, const HeadShape& shape, float scale, const I
 }
 
 // Runs f with at most n_threads threads (0: oneTBB's default). Asking for more threads than the
-// machine has gives the machine's count: oversubscribing only adds switching.
+// machine has gives the machine's count: oversubscribing only adds switching. Arenas are made once per
+// thread count and kept, so a decode step's many calls don't each pay for one.
 template <class F>
 void in_arena(int n_threads, F&& f) {
-  if (n_threads > 0) {
-    tbb::task_arena arena(std::min(n_threads, tbb::info::default_concurrency()));
-    arena.execute(f);
-  } else {
+  if (n_threads <= 0) {
     f();
+    return;
   }
+  n_threads = std::min(n_threads, tbb::info::default_concurrency());
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<tbb::task_arena>> arenas;
+  tbb::task_arena* arena;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto& slot = arenas[n_threads];
+    if (!slot) slot = std::make_unique<tbb::task_arena>(n_threads);
+    arena = slot.get();
+  }
+  arena->execute(f);
 }
 
 // Merges, for every output (row, q head), the partials that `for_each_part(row, qh, add)` names.

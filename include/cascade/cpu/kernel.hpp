@@ -393,6 +393,11 @@ void attend_range_dispatch(const float* q, int64_t n_rows, int n_heads, const Kv
   CASCADE_CPU_KERNEL_EXTERN(bf16, Eigen::Dynamic, M)
 CASCADE_CPU_KERNEL_EXTERN_ALL(LimitMask)
 CASCADE_CPU_KERNEL_EXTERN_ALL(UnifiedMask)
+#define CASCADE_CPU_DISPATCH_EXTERN(M)                                                                     \
+  extern template void attend_range_dispatch<M>(const float*, int64_t, int, const KvView&, int, int64_t, \
+                                                int64_t, const M&, float*, float*, Scratch&);
+CASCADE_CPU_DISPATCH_EXTERN(LimitMask)
+CASCADE_CPU_DISPATCH_EXTERN(UnifiedMask)
 #endif
 
 }  // namespace cascade::cpu
