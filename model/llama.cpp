@@ -3,6 +3,7 @@
 #include <tbb/parallel_for.h>
 
 #include <Eigen/Core>
+#include <immintrin.h>
 #include <chrono>
 #include <optional>
 #include <cmath>
@@ -112,29 +113,99 @@ void dequant_row(const uint8_t* row, float* y, int64_t n_in) {
 // Most rows of X the fused path takes; more go through dequantized tiles and Eigen.
 constexpr int64_t kFusedRows = 16;
 
-// Y[r, i] = W_i . X_r for rows i of [i0, i1): every block of W is dequantized once into registers/L1 and
-// multiplied into all n rows of X (n <= kFusedRows).
+#if defined(__AVX2__) && defined(__FMA__)
+// The 32 values of a block as four vectors of 8 floats (values 0-7, 8-15, 16-23, 24-31).
 template <gguf::TensorType T>
-void fused_rows(const Linear& W, const float* X, int64_t n, float* Y, int64_t i0, int64_t i1) {
-  alignas(64) float acc[kFusedRows][32];
-  alignas(64) float w[32];
+inline void load_block(const uint8_t* b, __m256 w[4]) {
+  if constexpr (T == gguf::TensorType::Q8_0) {
+    const __m256 d = _mm256_set1_ps(half(b));
+    for (int k = 0; k < 4; ++k) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * k));
+      w[k] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+    }
+  } else {
+    const __m256 d = _mm256_set1_ps(half(b)), m = _mm256_set1_ps(half(b + 2));
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4));
+    const __m128i mask = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), d, m);
+    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), d, m);
+    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), d, m);
+    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), d, m);
+  }
+}
+
+inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+// Y[r, i] = W_i . X_r for rows i of [i0, i1) and the N rows r of X: each block of W is dequantized into
+// registers once and multiplied into N accumulators that stay in registers.
+template <gguf::TensorType T, int N>
+void fused_rows(const Linear& W, const float* X, float* Y, int64_t i0, int64_t i1) {
   const int64_t n_blocks = W.n_in / 32;
   for (int64_t i = i0; i < i1; ++i) {
     const uint8_t* row = W.q.data() + uint64_t(i) * W.row_bytes;
-    for (int64_t r = 0; r < n; ++r)
-      for (int j = 0; j < 32; ++j) acc[r][j] = 0.0f;
+    // C independent chains per row of X: FMA latency (4 cycles) would otherwise bound a single chain.
+    constexpr int C = N >= 3 ? 2 : 4;
+    __m256 acc[N][C];
+    for (int r = 0; r < N; ++r)
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < n_blocks; ++b) {
+      __m256 w[4];
+      load_block<T>(row + b * Block<T>::bytes, w);
+      for (int r = 0; r < N; ++r) {
+        const float* x = X + r * W.n_in + b * 32;
+        for (int k = 0; k < 4; ++k) acc[r][k % C] = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(x + 8 * k), acc[r][k % C]);
+      }
+    }
+    for (int r = 0; r < N; ++r) {
+      __m256 t = acc[r][0];
+      for (int c = 1; c < C; ++c) t = _mm256_add_ps(t, acc[r][c]);
+      Y[r * W.n_out + i] = hsum(t);
+    }
+  }
+}
+#else
+// Y[r, i] = W_i . X_r for rows i of [i0, i1) and the N rows r of X: every block of W is dequantized into
+// registers and multiplied into N accumulators of 32 lanes (N fixed so they stay in registers; the lanes are
+// summed once per row, keeping the loops free of reductions the compiler would not vectorize).
+template <gguf::TensorType T, int N>
+void fused_rows(const Linear& W, const float* X, float* Y, int64_t i0, int64_t i1) {
+  const int64_t n_blocks = W.n_in / 32;
+  for (int64_t i = i0; i < i1; ++i) {
+    const uint8_t* row = W.q.data() + uint64_t(i) * W.row_bytes;
+    float acc[N][32] = {};
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      float w[32];
       Block<T>::dequant(row + b * Block<T>::bytes, w);
-      for (int64_t r = 0; r < n; ++r) {
+      for (int r = 0; r < N; ++r) {
         const float* x = X + r * W.n_in + b * 32;
         for (int j = 0; j < 32; ++j) acc[r][j] += w[j] * x[j];
       }
     }
-    for (int64_t r = 0; r < n; ++r) {
+    for (int r = 0; r < N; ++r) {
       float s = 0;
       for (int j = 0; j < 32; ++j) s += acc[r][j];
       Y[r * W.n_out + i] = s;
     }
+  }
+}
+
+#endif
+
+// All n rows of X, N at a time (W's rows are re-read from L1/L2 per group, not from memory).
+template <gguf::TensorType T>
+void fused_all(const Linear& W, const float* X, int64_t n, float* Y, int64_t i0, int64_t i1) {
+  int64_t r = 0;
+  for (; r + 4 <= n; r += 4) fused_rows<T, 4>(W, X + r * W.n_in, Y + r * W.n_out, i0, i1);
+  switch (n - r) {
+    case 3: return fused_rows<T, 3>(W, X + r * W.n_in, Y + r * W.n_out, i0, i1);
+    case 2: return fused_rows<T, 2>(W, X + r * W.n_in, Y + r * W.n_out, i0, i1);
+    case 1: return fused_rows<T, 1>(W, X + r * W.n_in, Y + r * W.n_out, i0, i1);
+    default: return;
   }
 }
 
@@ -215,7 +286,7 @@ void linear(const Linear& W, const float* X, int64_t n, float* Y) {
   dispatch_block(W.type, [&]<gguf::TensorType T>() {
     if (n <= kFusedRows) {
       tbb::parallel_for(tbb::blocked_range<int64_t>(0, W.n_out, 32), [&](const tbb::blocked_range<int64_t>& r) {
-        fused_rows<T>(W, X, n, Y, r.begin(), r.end());
+        fused_all<T>(W, X, n, Y, r.begin(), r.end());
       });
       return;
     }
