@@ -128,6 +128,42 @@ TEST_CASE("generate: greedy continuations are identical with cascade, split and 
   CHECK(res[2].kv_tokens == res[0].kv_tokens);
 }
 
+TEST_CASE("generate: a sequence samples the same text whatever the method and the sequences beside it") {
+  require_model();
+  const Loaded& m = loaded();
+  const std::vector<std::vector<int32_t>> prompts = {m.tok.encode("My favourite animal is")};
+  GenerateParams gp;
+  gp.n_predict = 16;
+  gp.sampling.temp = 1.0f;
+  gp.sampling.seed = 99;
+  const auto eog = [&](int32_t id) { return m.tok.is_eog(id); };
+  gp.n_parallel = 2;
+  gp.attn = AttnMethod::cascade;
+  const GenerateResult a = generate(m.model, prompts, gp, eog);
+  gp.n_parallel = 4;
+  gp.attn = AttnMethod::unified;
+  const GenerateResult b = generate(m.model, prompts, gp, eog);
+  for (int s = 0; s < 2; ++s) CHECK(a.sequences[s].tokens == b.sequences[s].tokens);
+  CHECK(a.sequences[0].tokens != a.sequences[1].tokens);  // own streams
+}
+
+TEST_CASE("generate: a sequence that fills the context stops there, with a note from the tool") {
+  require_model();
+  const Loaded& m = loaded();
+  const std::vector<int32_t> p = m.tok.encode("Once upon a time");
+  GenerateParams gp;
+  gp.n_predict = 64;
+  gp.n_parallel = 1;
+  gp.sampling.temp = 0;
+  gp.n_ctx = int64_t(p.size()) + 5;
+  const GenerateResult r = generate(m.model, {p}, gp, [&](int32_t id) { return m.tok.is_eog(id); });
+  CHECK(r.sequences[0].stop == "context");
+  CHECK(r.sequences[0].tokens.size() == 5);  // prompt + generated = the context
+  const Run t = run_tool(std::string("-m ") + kModel + " -p 'Once upon a time' -c 9 -n 64 -np 1 --temp 0 -t 2");
+  CHECK(t.rc == 0);
+  CHECK(t.err.find("note: sequence 0 stopped at the context limit") != std::string::npos);
+}
+
 TEST_CASE("generate: the prompt tree shares longest common prefixes") {
   const PromptTree t = make_prompt_tree({{1, 2, 3, 4}, {1, 2, 3, 5, 6}, {1, 2}, {7, 8}, {1, 2, 3, 4}});
   // Nodes: [1 2] root, [3] below it, [4] and [5 6] below that, [7 8] a second root.
