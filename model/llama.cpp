@@ -79,7 +79,13 @@ Linear load_linear(const gguf::File& f, const std::string& name, int64_t n_in, i
 }
 
 // --- the kept block types, written so the compiler vectorizes them (layouts in quant.hpp) ---
-float half(const uint8_t* p) { return gguf::fp16_to_fp32(uint16_t(p[0] | (p[1] << 8))); }
+inline float half(const uint8_t* p) {
+#if defined(__F16C__)
+  return _cvtsh_ss(uint16_t(p[0] | (p[1] << 8)));  // one instruction: this runs once per block
+#else
+  return gguf::fp16_to_fp32(uint16_t(p[0] | (p[1] << 8)));
+#endif
+}
 
 template <gguf::TensorType T>
 struct Block;
@@ -113,7 +119,54 @@ void dequant_row(const uint8_t* row, float* y, int64_t n_in) {
 // Most rows of X the fused path takes; more go through dequantized tiles and Eigen.
 constexpr int64_t kFusedRows = 16;
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__)
+// The 32 values of a block as two vectors of 16 floats (values 0-15, 16-31).
+template <gguf::TensorType T>
+inline void load_block16(const uint8_t* b, __m512 w[2]) {
+  if constexpr (T == gguf::TensorType::Q8_0) {
+    const __m512 d = _mm512_set1_ps(half(b));
+    for (int k = 0; k < 2; ++k) {
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * k));
+      w[k] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+    }
+  } else {
+    const __m512 d = _mm512_set1_ps(half(b)), m = _mm512_set1_ps(half(b + 2));
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4));
+    const __m128i mask = _mm_set1_epi8(15);
+    w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, mask))), d, m);
+    w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), mask))), d, m);
+  }
+}
+
+// Y[r, i] = W_i . X_r for rows i of [i0, i1) and the N rows r of X: each block of W is dequantized into
+// registers once and multiplied into N accumulators that stay in registers (2 chains each below N = 8,
+// so FMA latency does not bound the loop).
+template <gguf::TensorType T, int N>
+void fused_rows(const Linear& W, const float* X, float* Y, int64_t i0, int64_t i1) {
+  const int64_t n_blocks = W.n_in / 32;
+  constexpr int C = N >= 8 ? 1 : 2;
+  for (int64_t i = i0; i < i1; ++i) {
+    const uint8_t* row = W.q.data() + uint64_t(i) * W.row_bytes;
+    __m512 acc[N][C];
+    for (int r = 0; r < N; ++r)
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      __m512 w[2];
+      load_block16<T>(row + b * Block<T>::bytes, w);
+      for (int r = 0; r < N; ++r) {
+        const float* x = X + r * W.n_in + b * 32;
+        acc[r][0] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x), acc[r][0]);
+        acc[r][C - 1] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x + 16), acc[r][C - 1]);
+      }
+    }
+    for (int r = 0; r < N; ++r) {
+      __m512 t = acc[r][0];
+      if constexpr (C > 1) t = _mm512_add_ps(t, acc[r][1]);
+      Y[r * W.n_out + i] = _mm512_reduce_add_ps(t);
+    }
+  }
+}
+#elif defined(__AVX2__) && defined(__FMA__)
 // The 32 values of a block as four vectors of 8 floats (values 0-7, 8-15, 16-23, 24-31).
 template <gguf::TensorType T>
 inline void load_block(const uint8_t* b, __m256 w[4]) {
@@ -149,7 +202,7 @@ void fused_rows(const Linear& W, const float* X, float* Y, int64_t i0, int64_t i
   for (int64_t i = i0; i < i1; ++i) {
     const uint8_t* row = W.q.data() + uint64_t(i) * W.row_bytes;
     // C independent chains per row of X: FMA latency (4 cycles) would otherwise bound a single chain.
-    constexpr int C = N >= 3 ? 2 : 4;
+    constexpr int C = N >= 8 ? 1 : N >= 3 ? 2 : 4;
     __m256 acc[N][C];
     for (int r = 0; r < N; ++r)
       for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
@@ -196,10 +249,11 @@ void fused_rows(const Linear& W, const float* X, float* Y, int64_t i0, int64_t i
 
 #endif
 
-// All n rows of X, N at a time (W's rows are re-read from L1/L2 per group, not from memory).
+// All n rows of X, 8 or 4 at a time (W's rows are re-read from L1/L2 per group, not from memory).
 template <gguf::TensorType T>
 void fused_all(const Linear& W, const float* X, int64_t n, float* Y, int64_t i0, int64_t i1) {
   int64_t r = 0;
+  for (; r + 8 <= n; r += 8) fused_rows<T, 8>(W, X + r * W.n_in, Y + r * W.n_out, i0, i1);
   for (; r + 4 <= n; r += 4) fused_rows<T, 4>(W, X + r * W.n_in, Y + r * W.n_out, i0, i1);
   switch (n - r) {
     case 3: return fused_rows<T, 3>(W, X + r * W.n_in, Y + r * W.n_out, i0, i1);
