@@ -291,22 +291,34 @@ void rms_norm(const float* x, const float* w, int64_t n, int64_t d, float eps, f
   }
 }
 
-// Rotates consecutive pairs (x[2i], x[2i+1]) of the first n_rot values of every head by pos * inv_freq[i].
-void rope(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t n_rot, const std::vector<int32_t>& pos,
-          const std::vector<float>& inv_freq) {
-  std::vector<float> c(size_t(n_rot / 2)), s(size_t(n_rot / 2));
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t i = 0; i < n_rot / 2; ++i) {
+// cos and sin of pos[r] * inv_freq[i], (n, n_rot / 2) each: computed once per forward pass, used by every layer.
+void rope_table(const std::vector<int32_t>& pos, const std::vector<float>& inv_freq, std::vector<float>& c,
+                std::vector<float>& s) {
+  const size_t half_rot = inv_freq.size();
+  c.resize(pos.size() * half_rot);
+  s.resize(pos.size() * half_rot);
+  for (size_t r = 0; r < pos.size(); ++r)
+    for (size_t i = 0; i < half_rot; ++i) {
       const double a = double(pos[r]) * double(inv_freq[i]);
-      c[i] = float(std::cos(a));
-      s[i] = float(std::sin(a));
+      c[r * half_rot + i] = float(std::cos(a));
+      s[r * half_rot + i] = float(std::sin(a));
     }
+}
+
+// Rotates consecutive pairs (x[2i], x[2i+1]) of the first n_rot values of every head by pos * inv_freq[i]
+// ("normal" RoPE, what GGUF llama files expect; not the neox halves).
+void rope(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t n_rot, const std::vector<float>& c,
+          const std::vector<float>& s) {
+  const int64_t half_rot = n_rot / 2;
+  for (int64_t r = 0; r < n; ++r) {
+    const float* cr = c.data() + r * half_rot;
+    const float* sr = s.data() + r * half_rot;
     for (int64_t h = 0; h < n_heads; ++h) {
       float* v = x + (r * n_heads + h) * head_dim;
-      for (int64_t i = 0; i < n_rot / 2; ++i) {
+      for (int64_t i = 0; i < half_rot; ++i) {
         const float x0 = v[2 * i], x1 = v[2 * i + 1];
-        v[2 * i] = x0 * c[i] - x1 * s[i];
-        v[2 * i + 1] = x0 * s[i] + x1 * c[i];
+        v[2 * i] = x0 * cr[i] - x1 * sr[i];
+        v[2 * i + 1] = x0 * sr[i] + x1 * cr[i];
       }
     }
   }
@@ -461,6 +473,8 @@ void Model::forward(const std::vector<int32_t>& tokens, const std::vector<int32_
   for (int64_t r = 0; r < n; ++r)
     w_.tok_embd.row(tokens[r], x.data() + r * d);
 
+  std::vector<float> rope_cos, rope_sin;
+  rope_table(pos, inv_freq_, rope_cos, rope_sin);
   double t_attn = 0;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const Layer& l = w_.layers[il];
@@ -468,10 +482,10 @@ void Model::forward(const std::vector<int32_t>& tokens, const std::vector<int32_
     linear(l.wq, h.data(), n, q.data());
     linear(l.wk, h.data(), n, k.data());
     linear(l.wv, h.data(), n, v.data());
-    rope(q.data(), n, hp.n_head, hp.head_dim, hp.n_rot, pos, inv_freq_);
-    rope(k.data(), n, hp.n_head_kv, hp.head_dim, hp.n_rot, pos, inv_freq_);
-    const auto t0 = Clock::now();
+    rope(q.data(), n, hp.n_head, hp.head_dim, hp.n_rot, rope_cos, rope_sin);
+    rope(k.data(), n, hp.n_head_kv, hp.head_dim, hp.n_rot, rope_cos, rope_sin);
     cache.store(int(il), k.data(), v.data());
+    const auto t0 = Clock::now();  // attention alone: storing K/V is not part of it
     cache.attend(int(il), q.data(), att.data());
     t_attn += seconds_since(t0);
     linear(l.wo, att.data(), n, tmp.data());

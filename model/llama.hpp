@@ -87,7 +87,7 @@ struct Weights {
 // Wall time spent in a forward pass, in seconds.
 struct Timings {
   double total = 0;
-  double attention = 0;  // the cache's attention calls only
+  double attention = 0;  // the cache's attention calls only (KvCache::attend; not storing K/V)
 };
 
 class Model {
