@@ -57,21 +57,28 @@ Sampler::Sampler(const SamplerParams& params, uint64_t stream) : params_(params)
   params_.validate();
 }
 
-std::vector<std::pair<int32_t, double>> Sampler::distribution(const float* logits, int64_t n) const {
+// The kept tokens and their renormalized probabilities, in no particular order. Sorting (the costly part on a
+// large vocabulary) happens only when top-k or top-p needs it.
+std::vector<std::pair<int32_t, double>> Sampler::filtered(const float* logits, int64_t n) const {
   CASCADE_CHECK(n > 0, "sampler: no logits");
-  if (params_.temp <= 0) return {{argmax(logits, n), 1.0}};
   std::vector<int32_t> ids(static_cast<size_t>(n));
   std::iota(ids.begin(), ids.end(), 0);
   const auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  int64_t k = params_.top_k > 0 && params_.top_k < n ? params_.top_k : n;
-  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), better);
-  ids.resize(size_t(k));
-  std::vector<std::pair<int32_t, double>> p(static_cast<size_t>(k));
-  const double mx = logits[ids[0]], inv_t = 1.0 / double(params_.temp);
+  const bool top_k = params_.top_k > 0 && params_.top_k < n, top_p = params_.top_p < 1;
+  if (top_k) {
+    std::partial_sort(ids.begin(), ids.begin() + params_.top_k, ids.end(), better);
+    ids.resize(size_t(params_.top_k));
+  } else if (top_p) {
+    std::sort(ids.begin(), ids.end(), better);
+  }
+  double mx = logits[ids[0]];
+  for (int32_t id : ids) mx = std::max(mx, double(logits[id]));
+  const double inv_t = 1.0 / double(params_.temp);
+  std::vector<std::pair<int32_t, double>> p(ids.size());
   double sum = 0;
-  for (int64_t i = 0; i < k; ++i) sum += (p[i] = {ids[i], std::exp((double(logits[ids[i]]) - mx) * inv_t)}).second;
+  for (size_t i = 0; i < ids.size(); ++i) sum += (p[i] = {ids[i], std::exp((double(logits[ids[i]]) - mx) * inv_t)}).second;
   for (auto& e : p) e.second /= sum;
-  if (params_.top_p < 1) {
+  if (top_p) {  // p is sorted, most probable first
     double cum = 0;
     size_t keep = 0;
     while (keep < p.size()) {
@@ -81,20 +88,32 @@ std::vector<std::pair<int32_t, double>> Sampler::distribution(const float* logit
     p.resize(keep);
   }
   if (params_.min_p > 0) {
-    const double floor = params_.min_p * p[0].second;
-    size_t keep = 1;
-    while (keep < p.size() && p[keep].second >= floor) ++keep;
-    p.resize(keep);
+    double pmax = 0;
+    for (const auto& e : p) pmax = std::max(pmax, e.second);
+    const double floor = params_.min_p * pmax;
+    std::erase_if(p, [&](const auto& e) { return e.second < floor; });
   }
   sum = 0;
-  for (auto& e : p) sum += e.second;
+  for (const auto& e : p) sum += e.second;
   for (auto& e : p) e.second /= sum;
+  return p;
+}
+
+std::vector<std::pair<int32_t, double>> Sampler::distribution(const float* logits, int64_t n) const {
+  if (params_.temp <= 0) return {{argmax(logits, n), 1.0}};
+  auto p = filtered(logits, n);
+  std::sort(p.begin(), p.end(), [](const auto& a, const auto& b) {
+    return a.second > b.second || (a.second == b.second && a.first < b.first);
+  });
   return p;
 }
 
 int32_t Sampler::sample(const float* logits, int64_t n) {
   if (params_.temp <= 0) return argmax(logits, n);
-  const auto p = distribution(logits, n);
+  auto p = filtered(logits, n);
+  // The draw walks the kept tokens in id order: logits that differ by rounding (another attention method,
+  // another thread count) then move each token's interval by as little, never reorder the intervals.
+  if (!std::is_sorted(p.begin(), p.end())) std::sort(p.begin(), p.end());
   const double u = rng_.uniform();
   double cum = 0;
   for (const auto& e : p) {

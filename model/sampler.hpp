@@ -5,7 +5,9 @@
 //   2. p_i = softmax(logit_i / temp) over those;
 //   3. top-p:  the smallest set of most probable tokens whose probability sums to >= top_p (top_p >= 1: all);
 //   4. min-p:  of those, the tokens with p_i >= min_p * max p (min_p <= 0: all);
-//   5. renormalized, one uniform draw u in [0, 1) picks the token whose cumulative interval holds u.
+//   5. renormalized, one uniform draw u in [0, 1) picks the token whose cumulative interval holds u, the
+//      kept tokens taken in id order (so logits that differ by rounding shift the intervals slightly but
+//      never reorder them).
 // temp <= 0 is greedy: the argmax (the lowest id among equal maxima); no random number is used.
 //
 // Each sequence owns its random stream, seeded from (seed, stream index): what a sequence samples does not
@@ -49,6 +51,7 @@ class Sampler {
   const SamplerParams& params() const { return params_; }
 
  private:
+  std::vector<std::pair<int32_t, double>> filtered(const float* logits, int64_t n) const;
   SamplerParams params_;
   Rng rng_;
 };
