@@ -67,6 +67,7 @@ void GenerateParams::validate() const {
   CASCADE_CHECK(n_parallel >= 1, "the number of sequences per prompt must be >= 1 (got ", n_parallel, ")");
   CASCADE_CHECK(n_ctx >= 0, "the context size must be >= 0 (got ", n_ctx, ")");
   CASCADE_CHECK(n_threads >= 0, "the number of threads must be >= 0 (got ", n_threads, ")");
+  CASCADE_CHECK(n_batch >= 1, "the prefill batch must be >= 1 token (got ", n_batch, ")");
   sampling.validate();
 }
 
@@ -94,28 +95,51 @@ GenerateResult generate(const llama::Model& model, const std::vector<std::vector
     res.n_prompt_stored = tree.n_tokens();
     KvCache cache(int(hp.n_layer), hp.head_shape(), params.kv_dtype, params.attn);
 
-    // --- prefill: every tree node once, all in one pass ---
+    // --- prefill: every tree node once, in order (parents first), in chunks of at most n_batch rows ---
     const auto t_prompt = Clock::now();
+    struct Row {
+      int node;
+      int64_t i;  // index in the node
+    };
+    std::vector<Row> all_rows;
+    for (size_t i = 0; i < tree.nodes.size(); ++i) {
+      const int seg = cache.add_segment(tree.nodes[i].parent, tree.nodes[i].start);  // segment id == node id
+      CASCADE_CHECK(seg == int(i), "internal: segment ids follow node ids");
+      for (size_t t = 0; t < tree.nodes[i].tokens.size(); ++t) all_rows.push_back({int(i), int64_t(t)});
+    }
+    // The prompts ending at each node (their logits come from the node's last row).
+    std::vector<std::vector<int>> node_prompts(tree.nodes.size());
+    for (size_t p = 0; p < prompts.size(); ++p) node_prompts[tree.prompt_node[p]].push_back(int(p));
+    std::vector<float> prompt_logits(prompts.size() * size_t(hp.n_vocab)), logits;
     std::vector<KvCache::Entry> entries;
     std::vector<int32_t> tokens, pos;
-    std::vector<int64_t> node_last_row(tree.nodes.size());
-    for (size_t i = 0; i < tree.nodes.size(); ++i) {
-      const PromptTree::Node& nd = tree.nodes[i];
-      const int seg = cache.add_segment(nd.parent, nd.start);  // segment id == node id
-      CASCADE_CHECK(seg == int(i), "internal: segment ids follow node ids");
-      entries.push_back({seg, int64_t(nd.tokens.size()), nd.start});
-      for (size_t t = 0; t < nd.tokens.size(); ++t) {
-        tokens.push_back(nd.tokens[t]);
-        pos.push_back(int32_t(nd.start + int64_t(t)));
-      }
-      node_last_row[i] = int64_t(tokens.size()) - 1;
-    }
     std::vector<int64_t> logit_rows;
-    for (int node : tree.prompt_node) logit_rows.push_back(node_last_row[node]);
-    std::vector<float> logits;
     llama::Timings tm;
-    cache.begin_step(std::move(entries));
-    model.forward(tokens, pos, cache, logit_rows, logits, &tm);
+    for (size_t r0 = 0; r0 < all_rows.size(); r0 += size_t(params.n_batch)) {
+      const size_t r1 = std::min(all_rows.size(), r0 + size_t(params.n_batch));
+      entries.clear();
+      tokens.clear();
+      pos.clear();
+      logit_rows.clear();
+      std::vector<int> logit_prompts;
+      for (size_t r = r0; r < r1; ++r) {
+        const PromptTree::Node& nd = tree.nodes[all_rows[r].node];
+        if (entries.empty() || entries.back().id != all_rows[r].node)
+          entries.push_back({all_rows[r].node, 0, nd.start + all_rows[r].i});
+        ++entries.back().n_rows;
+        tokens.push_back(nd.tokens[all_rows[r].i]);
+        pos.push_back(int32_t(nd.start + all_rows[r].i));
+        if (all_rows[r].i + 1 == int64_t(nd.tokens.size()) && !node_prompts[all_rows[r].node].empty()) {
+          logit_rows.push_back(int64_t(r - r0));
+          logit_prompts.push_back(all_rows[r].node);
+        }
+      }
+      cache.begin_step(entries);
+      model.forward(tokens, pos, cache, logit_rows, logits, &tm);
+      for (size_t j = 0; j < logit_rows.size(); ++j)
+        for (int p : node_prompts[logit_prompts[j]])
+          std::copy_n(logits.data() + j * size_t(hp.n_vocab), hp.n_vocab, prompt_logits.data() + p * size_t(hp.n_vocab));
+    }
     res.prompt_attn_ms = tm.attention * 1e3;
 
     // --- sequences ---
@@ -171,7 +195,7 @@ GenerateResult generate(const llama::Model& model, const std::vector<std::vector
         continue;
       }
       const int p = s / params.n_parallel;
-      accept(s, samplers[s].sample(logits.data() + int64_t(p) * hp.n_vocab, hp.n_vocab));
+      accept(s, samplers[s].sample(prompt_logits.data() + int64_t(p) * hp.n_vocab, hp.n_vocab));
     }
     res.prompt_ms = ms_since(t_prompt);
 

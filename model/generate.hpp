@@ -2,8 +2,9 @@
 // step, with the attention method of the caller's choice (kv_cache.hpp).
 //
 //   1. The prompts' token ids become a radix tree (make_prompt_tree): every span shared by several prompts
-//      is one node, stored and prefilled once. All nodes are prefilled in one forward pass: each node is one
-//      "sequence" of the step's plan, its rows attending its ancestors and causally itself.
+//      is one node, stored and prefilled once. The nodes' tokens, parents first, are prefilled in forward
+//      passes of at most n_batch rows: each node (or piece of one) is one "sequence" of the step's plan, its
+//      rows attending its ancestors and causally itself.
 //   2. Every prompt gets n_parallel sequences; sequence s = prompt * n_parallel + j samples with its own
 //      random stream s (sampler.hpp), its first token from the prompt's last logits.
 //   3. Decode steps feed every active sequence's last token at once. A sequence stops at an
@@ -43,6 +44,7 @@ struct GenerateParams {
   int n_parallel = 4;   // sequences per prompt
   int64_t n_ctx = 0;    // positions per sequence (prompt + generated); 0: the model's training context
   int n_threads = 0;    // 0: all of the machine's
+  int n_batch = 512;    // prompt tokens per prefill pass (bounds the prefill's memory)
   AttnMethod attn = AttnMethod::cascade;
   DType kv_dtype = DType::f16;
   SamplerParams sampling;

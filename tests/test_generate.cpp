@@ -147,6 +147,22 @@ TEST_CASE("generate: a sequence samples the same text whatever the method and th
   CHECK(a.sequences[0].tokens != a.sequences[1].tokens);  // own streams
 }
 
+TEST_CASE("generate: a prefill in small chunks gives the same text as one pass") {
+  require_model();
+  const Loaded& m = loaded();
+  std::vector<std::vector<int32_t>> prompts;
+  for (const std::string& p : kPrompts) prompts.push_back(m.tok.encode(p));
+  GenerateParams gp;
+  gp.n_predict = 8;
+  gp.n_parallel = 1;
+  gp.sampling.temp = 0;
+  const auto eog = [&](int32_t id) { return m.tok.is_eog(id); };
+  const GenerateResult a = generate(m.model, prompts, gp, eog);
+  gp.n_batch = 5;  // chunks that split nodes and straddle parent/child boundaries
+  const GenerateResult b = generate(m.model, prompts, gp, eog);
+  for (size_t s = 0; s < prompts.size(); ++s) CHECK(a.sequences[s].tokens == b.sequences[s].tokens);
+}
+
 TEST_CASE("generate: a sequence that fills the context stops there, with a note from the tool") {
   require_model();
   const Loaded& m = loaded();
@@ -228,6 +244,7 @@ TEST_CASE("generate: bad input gives one error line, nothing on stdout, exit cod
       "--min-p 1.5",
       "-np 0",
       "-t 0",
+      "-b 0",
       "-c -1",
       "--attn flash",
       "-p ''",

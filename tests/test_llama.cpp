@@ -272,8 +272,9 @@ void check_logits(const float* got, const std::vector<double>& ref, const Tol& t
 // their own random tokens for 4 steps, the last with only some of them active. Every logit of every row
 // is compared with the reference of the sequence's whole token list.
 // n_shared > 16 - 7 takes the prefill through the dequantized-tile path of quantized layers.
+// chunked: the prefill runs as two passes, the first ending inside the shared node (as generate's n_batch).
 void run_scenario(const Tiny& t, AttnMethod method, DType dtype, const Tol& tol, int n_shared = 5,
-                  bool keep_quantized = true) {
+                  bool keep_quantized = true, bool chunked = false) {
   const gguf::File file = gguf::File::from_bytes(t.bytes, "tiny.gguf");
   const llama::Model model = llama::Model::load(file, keep_quantized);
   const llama::Hparams& hp = model.hparams();
@@ -291,11 +292,27 @@ void run_scenario(const Tiny& t, AttnMethod method, DType dtype, const Tol& tol,
   for (int i = 0; i < S; ++i) tokens.push_back(shared[i]), pos.push_back(i);
   for (int i = 0; i < 3; ++i) tokens.push_back(tail_a[i]), pos.push_back(S + i);
   for (int i = 0; i < 4; ++i) tokens.push_back(tail_b[i]), pos.push_back(S + i);
-  cache.begin_step({{root, S, 0}, {na, 3, S}, {nb, 4, S}});
-  std::vector<int64_t> all_rows(tokens.size());
-  for (size_t i = 0; i < all_rows.size(); ++i) all_rows[i] = int64_t(i);
   std::vector<float> logits;
-  model.forward(tokens, pos, cache, all_rows, logits);
+  if (!chunked) {
+    cache.begin_step({{root, S, 0}, {na, 3, S}, {nb, 4, S}});
+    std::vector<int64_t> all_rows(tokens.size());
+    for (size_t i = 0; i < all_rows.size(); ++i) all_rows[i] = int64_t(i);
+    model.forward(tokens, pos, cache, all_rows, logits);
+  } else {
+    const int c = S - 2;  // rows [0, c) first, then the rest of the root and both children
+    std::vector<float> first;
+    cache.begin_step({{root, c, 0}});
+    std::vector<int64_t> rows(static_cast<size_t>(c));
+    for (int i = 0; i < c; ++i) rows[i] = i;
+    model.forward(std::vector<int32_t>(tokens.begin(), tokens.begin() + c),
+                  std::vector<int32_t>(pos.begin(), pos.begin() + c), cache, rows, first);
+    cache.begin_step({{root, 2, c}, {na, 3, S}, {nb, 4, S}});
+    rows.resize(tokens.size() - size_t(c));
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = int64_t(i);
+    model.forward(std::vector<int32_t>(tokens.begin() + c, tokens.end()),
+                  std::vector<int32_t>(pos.begin() + c, pos.end()), cache, rows, logits);
+    logits.insert(logits.begin(), first.begin(), first.end());
+  }
 
   std::vector<int32_t> prompt_a = shared, prompt_b = shared;
   prompt_a.insert(prompt_a.end(), tail_a.begin(), tail_a.end());
@@ -405,6 +422,7 @@ TEST_CASE("llama: Q4_1 weights kept quantized or dequantized at load; a prefill 
     run_scenario(t, m, DType::f32, {1e-4, 1e-4}, 5);
     run_scenario(t, m, DType::f32, {1e-4, 1e-4}, 30);
     run_scenario(t, m, DType::f32, {1e-4, 1e-4}, 30, /*keep_quantized=*/false);
+    run_scenario(t, m, DType::f32, {1e-4, 1e-4}, 30, true, /*chunked=*/true);
   }
 }
 

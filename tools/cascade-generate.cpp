@@ -1,7 +1,7 @@
 // cascade-generate: n parallel continuations of one or more prompts, with per-step timings, through the
 // attention method of your choice.
 //
-//   cascade-generate [-m MODEL.gguf] [-p TEXT | -f FILE] [-n N] [-np N] [-c N] [-t N] [--temp T]
+//   cascade-generate [-m MODEL.gguf] [-p TEXT | -f FILE] [-n N] [-np N] [-c N] [-t N] [-b N] [--temp T]
 //                    [--top-k K] [--top-p P] [--min-p P] [-s SEED] [--attn cascade|split|unified]
 //                    [--kv-type f16|f32] [--chat] [--stats-every N] [--json]
 //
@@ -47,6 +47,7 @@ constexpr const char* kUsage =
     "  -np, --parallel N     sequences per prompt (default 4)\n"
     "  -c, --ctx-size N      positions per sequence, prompt included (default 0: the model's)\n"
     "  -t, --threads N       threads (default: all)\n"
+    "  -b, --batch-size N    prompt tokens per prefill pass (default 512)\n"
     "  --temp T              temperature, 0 = greedy (default 0.8)\n"
     "  --top-k K             keep the K most likely tokens, 0 = all (default 40)\n"
     "  --top-p P             nucleus sampling, 1 = off (default 0.95)\n"
@@ -113,6 +114,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
       o.gen.n_ctx = parse_int(a, value(), 0, kMaxInt);
     } else if (a == "-t" || a == "--threads") {
       o.gen.n_threads = int(parse_int(a, value(), 1, 4096));
+    } else if (a == "-b" || a == "--batch-size") {
+      o.gen.n_batch = int(parse_int(a, value(), 1, kMaxInt));
     } else if (a == "--temp") {
       o.gen.sampling.temp = parse_float(a, value(), 0, 1e6);
     } else if (a == "--top-k") {
