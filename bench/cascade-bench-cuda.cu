@@ -1,0 +1,595 @@
+// cascade-bench-cuda: one decode step of attention on a CUDA device for B sequences sharing a P-token
+// prefix, each with t tokens of its own, computed by cascade, split (prefix copied per sequence) and unified
+// (one buffer + mask) through cuda::Workspace, timed side by side against the device's limits measured in
+// the same run. Flags and output columns are cascade-bench's (--threads is accepted and reported as 0).
+//
+// Limits: copy bandwidth (a large device-to-device copy, bytes read + written over its time) and the
+// tensor-core rate (cuBLAS GemmEx, 8192^3, f16/bf16 inputs as the K/V type, f32 accumulation). Each row
+// carries the minimum bytes and FLOPs of the step (DESIGN.md: K/V of P + B*t tokens read once,
+// 4*B*n_q_heads*(P + t)*head_dim FLOPs), limit_ms (the larger of the two times they imply) and the fraction
+// reached, limit_ms / median_ms. Times: CUDA events around each repetition, median over --reps after
+// --warmup runs; the L2 is overwritten before every timed repetition (unless --no-flush), so K/V comes from
+// memory as in a real decode step. --graph replays the step from a captured CUDA graph. After timing, each
+// method's output is compared with the first method's (stderr), so a wrong kernel shows in the log.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cascade/cuda/attention.cuh"
+
+namespace {
+
+using cascade::DType;
+using cascade::HeadShape;
+
+[[noreturn]] void die(const std::string& msg) {
+  std::fprintf(stderr, "cascade-bench-cuda: error: %s\n", msg.c_str());
+  std::exit(1);
+}
+
+#define CHECK_CUDA(call, what) CASCADE_CUDA_CHECK(call, what)
+#define CHECK_CUBLAS(call, what)                                                                  \
+  do {                                                                                            \
+    const cublasStatus_t st_ = (call);                                                            \
+    if (st_ != CUBLAS_STATUS_SUCCESS) cascade::detail::fail(what, ": cuBLAS status ", int(st_)); \
+  } while (0)
+
+struct Args {
+  std::vector<int64_t> batch{32}, prefix{1230}, suffix{1024};
+  HeadShape shape{9, 3, 64};
+  std::string shape_name = "smollm2-135m";
+  std::vector<DType> dtypes{DType::f16};
+  std::vector<std::string> methods{"cascade", "split", "unified"};
+  std::vector<int> threads{0};
+  int reps = 20, warmup = 3;
+  std::string format = "md";
+  bool flush = true, graph = false;
+};
+
+int64_t parse_int(const std::string& flag, const std::string& s, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end || errno) die(flag + ": '" + s + "' is not an integer");
+  if (v < lo || v > hi) die(flag + ": " + s + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(item);
+  if (out.empty()) out.push_back("");
+  return out;
+}
+
+std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& s, int64_t lo, int64_t hi) {
+  std::vector<int64_t> out;
+  for (const auto& item : split_list(s)) out.push_back(parse_int(flag, item, lo, hi));
+  return out;
+}
+
+const std::map<std::string, HeadShape>& presets() {
+  static const std::map<std::string, HeadShape> p = {
+      {"smollm2-135m", {9, 3, 64}},   {"llama3-8b", {32, 8, 128}},  {"llama3.2-1b", {32, 8, 64}},
+      {"llama2-7b", {32, 32, 128}},   {"qwen2.5-7b", {28, 4, 128}}, {"mistral-7b", {32, 8, 128}},
+  };
+  return p;
+}
+
+void usage() {
+  std::printf(
+      "usage: cascade-bench-cuda [options]\n"
+      "  --batch LIST        sequences sharing the prefix (default 32)\n"
+      "  --prefix LIST       shared prefix tokens (default 1230)\n"
+      "  --suffix LIST       tokens of each sequence's own (default 1024)\n"
+      "  --shape NAME        head-shape preset: smollm2-135m (9/3/64, default), llama3-8b (32/8/128),\n"
+      "                      llama3.2-1b (32/8/64), llama2-7b (32/32/128), qwen2.5-7b (28/4/128), mistral-7b\n"
+      "  --heads Q/KV/D      explicit query heads / KV heads / head dim (64, 80, 96, 128, 256)\n"
+      "  --kv-dtype LIST     f16, bf16 (default f16)\n"
+      "  --method LIST       cascade, split, unified (default all three)\n"
+      "  --threads LIST      accepted for cascade-bench compatibility; the device ignores it\n"
+      "  --reps N            timed repetitions (default 20), --warmup N (default 3)\n"
+      "  --no-flush          keep the L2 warm between repetitions\n"
+      "  --graph             replay each step from a captured CUDA graph\n"
+      "  -o md|csv|json      output format (default md)\n");
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) die(f + " needs a value");
+      return argv[++i];
+    };
+    if (f == "-h" || f == "--help") {
+      usage();
+      std::exit(0);
+    } else if (f == "--batch") {
+      a.batch = parse_int_list(f, value(), 1, 4096);
+    } else if (f == "--prefix") {
+      a.prefix = parse_int_list(f, value(), 0, 1 << 24);
+    } else if (f == "--suffix") {
+      a.suffix = parse_int_list(f, value(), 0, 1 << 24);
+    } else if (f == "--shape") {
+      const std::string name = value();
+      auto it = presets().find(name);
+      if (it == presets().end()) die("--shape: unknown preset '" + name + "' (see --help)");
+      a.shape = it->second;
+      a.shape_name = name;
+    } else if (f == "--heads") {
+      const std::string v = value();
+      int q, kv, d;
+      char tail;
+      if (std::sscanf(v.c_str(), "%d/%d/%d%c", &q, &kv, &d, &tail) != 3) die("--heads: expected Q/KV/D, got '" + v + "'");
+      a.shape = {q, kv, d};
+      try {
+        a.shape.validate();
+      } catch (const cascade::Error& e) {
+        die(std::string("--heads: ") + e.what());
+      }
+      if (!cascade::cuda::head_dim_supported(d)) die("--heads: head dim " + std::to_string(d) + " has no CUDA kernel");
+      a.shape_name = v;
+    } else if (f == "--kv-dtype") {
+      a.dtypes.clear();
+      for (const auto& s : split_list(value())) {
+        try {
+          a.dtypes.push_back(cascade::parse_dtype(s));
+        } catch (const cascade::Error& e) {
+          die(std::string("--kv-dtype: ") + e.what());
+        }
+        if (a.dtypes.back() == DType::f32) die("--kv-dtype: the CUDA kernels take f16 or bf16 K/V");
+      }
+    } else if (f == "--method") {
+      a.methods = split_list(value());
+      for (const auto& m : a.methods)
+        if (m != "cascade" && m != "split" && m != "unified")
+          die("--method: unknown method '" + m + "' (cascade, split, unified)");
+    } else if (f == "--threads") {
+      (void)parse_int_list(f, value(), 0, 1024);
+    } else if (f == "--reps") {
+      a.reps = int(parse_int(f, value(), 1, 100000));
+    } else if (f == "--warmup") {
+      a.warmup = int(parse_int(f, value(), 0, 100000));
+    } else if (f == "--no-flush") {
+      a.flush = false;
+    } else if (f == "--graph") {
+      a.graph = true;
+    } else if (f == "-o") {
+      a.format = value();
+      if (a.format != "md" && a.format != "csv" && a.format != "json") die("-o: expected md, csv or json");
+    } else {
+      die("unknown flag '" + f + "' (see --help)");
+    }
+  }
+  return a;
+}
+
+struct Row {
+  std::string method;
+  int64_t batch, prefix, suffix;
+  HeadShape shape;
+  DType dtype;
+  int threads;
+  double median_ms, mean_ms, stdev_ms, min_ms, max_ms;
+  double min_bytes, min_flops, bytes_read, limit_ms;
+  double bw_gbs, gemm_gflops;
+};
+
+// Device memory, freed on scope exit.
+struct Buffer {
+  void* p = nullptr;
+  size_t bytes = 0;
+  Buffer() = default;
+  explicit Buffer(size_t n) : bytes(n) { CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(n, 16)), "cudaMalloc"); }
+  Buffer(Buffer&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr; }
+  Buffer& operator=(Buffer&& o) noexcept {
+    std::swap(p, o.p);
+    std::swap(bytes, o.bytes);
+    return *this;
+  }
+  ~Buffer() {
+    if (p) cudaFree(p);
+  }
+  template <class T> T* as() const { return static_cast<T*>(p); }
+};
+
+__device__ __forceinline__ float hash_uniform(uint64_t i, uint64_t seed) {
+  uint64_t x = i * 0x9E3779B97F4A7C15ull + seed;
+  x ^= x >> 30, x *= 0xBF58476D1CE4E5B9ull, x ^= x >> 27, x *= 0x94D049BB133111EBull, x ^= x >> 31;
+  return float(x >> 40) * (2.0f / 16777216.0f) - 1.0f;  // [-1, 1)
+}
+
+template <class T>
+__global__ void fill_kernel(T* x, int64_t n, uint64_t seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float u = hash_uniform(uint64_t(i), seed);
+    if constexpr (std::is_same_v<T, float>) x[i] = u;
+    else if constexpr (std::is_same_v<T, __half>) x[i] = __float2half_rn(u);
+    else x[i] = __float2bfloat16_rn(u);
+  }
+}
+
+void fill(void* p, int64_t n, DType dt, uint64_t seed) {
+  if (n == 0) return;
+  const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, 65535));
+  if (dt == DType::f32) fill_kernel<float><<<blocks, 256>>>(static_cast<float*>(p), n, seed);
+  else if (dt == DType::f16) fill_kernel<__half><<<blocks, 256>>>(static_cast<__half*>(p), n, seed);
+  else fill_kernel<__nv_bfloat16><<<blocks, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
+  CHECK_CUDA(cudaGetLastError(), "launching the random fill");
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Times f (which enqueues work on stream) with events: warm-up runs, then `reps` timed runs; `before`
+// runs ahead of every timed run, outside the timed region.
+template <class F, class G>
+std::vector<double> time_events(cudaStream_t stream, int warmup, int reps, F&& f, G&& before) {
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0), "cudaEventCreate");
+  CHECK_CUDA(cudaEventCreate(&e1), "cudaEventCreate");
+  for (int i = 0; i < warmup; ++i) f();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    before();
+    CHECK_CUDA(cudaEventRecord(e0, stream), "cudaEventRecord");
+    f();
+    CHECK_CUDA(cudaEventRecord(e1, stream), "cudaEventRecord");
+    CHECK_CUDA(cudaEventSynchronize(e1), "cudaEventSynchronize");
+    float t = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1), "cudaEventElapsedTime");
+    ms.push_back(double(t));
+  }
+  CHECK_CUDA(cudaEventDestroy(e0), "cudaEventDestroy");
+  CHECK_CUDA(cudaEventDestroy(e1), "cudaEventDestroy");
+  return ms;
+}
+
+// Device-to-device copy bandwidth in bytes/s (bytes read + bytes written), median of 10 copies of 1 GiB.
+double measure_copy_bandwidth(cudaStream_t stream) {
+  const size_t bytes = size_t(1) << 30;
+  Buffer a(bytes), b(bytes);
+  fill(a.p, int64_t(bytes / 4), DType::f32, 1);
+  const auto ms = time_events(stream, 2, 10, [&] {
+    CHECK_CUDA(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, stream), "timing a device copy");
+  }, [] {});
+  return 2.0 * double(bytes) / (median(ms) * 1e-3);
+}
+
+// Tensor-core rate in FLOP/s: cuBLAS GemmEx, n = 8192, inputs of the K/V type, f32 accumulation, random data.
+double measure_tensor_rate(cudaStream_t stream, DType dt) {
+  const int n = 8192;
+  Buffer a(size_t(n) * n * 2), b(size_t(n) * n * 2), c(size_t(n) * n * 4);
+  fill(a.p, int64_t(n) * n, dt, 2);
+  fill(b.p, int64_t(n) * n, dt, 3);
+  cublasHandle_t h;
+  CHECK_CUBLAS(cublasCreate(&h), "cublasCreate");
+  CHECK_CUBLAS(cublasSetStream(h, stream), "cublasSetStream");
+  const cudaDataType_t type = dt == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  const float alpha = 1.0f, beta = 0.0f;
+  const auto ms = time_events(stream, 3, 10, [&] {
+    CHECK_CUBLAS(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a.p, type, n, b.p, type, n, &beta, c.p,
+                              CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+  }, [] {});
+  CHECK_CUBLAS(cublasDestroy(h), "cublasDestroy");
+  return 2.0 * double(n) * n * n / (median(ms) * 1e-3);
+}
+
+std::string fmt(double x, int prec = 3) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", prec, x);
+  return b;
+}
+
+void print_md(const std::vector<Row>& rows) {
+  std::printf("| method  |   B |      P |      t | heads     | kv   | thr | median ms |     ± ms | limit ms | of limit |\n");
+  std::printf("|---------|----:|-------:|-------:|-----------|------|----:|----------:|---------:|---------:|---------:|\n");
+  for (const Row& r : rows) {
+    const std::string heads = std::to_string(r.shape.n_q_heads) + "/" + std::to_string(r.shape.n_kv_heads) + "/" +
+                              std::to_string(r.shape.head_dim);
+    std::printf("| %-7s | %3lld | %6lld | %6lld | %-9s | %-4s | %3d | %9s | %8s | %8s | %7.1f%% |\n", r.method.c_str(),
+                (long long)r.batch, (long long)r.prefix, (long long)r.suffix, heads.c_str(),
+                cascade::dtype_name(r.dtype), r.threads, fmt(r.median_ms).c_str(), fmt(r.stdev_ms).c_str(),
+                fmt(r.limit_ms).c_str(), 100.0 * r.limit_ms / r.median_ms);
+  }
+  // Speedups of cascade over the baselines measured in the same configuration.
+  bool header = false;
+  for (const Row& c : rows) {
+    if (c.method != "cascade") continue;
+    std::string line;
+    for (const Row& b : rows) {
+      if (b.method == "cascade" || b.batch != c.batch || b.prefix != c.prefix || b.suffix != c.suffix ||
+          b.dtype != c.dtype || b.threads != c.threads)
+        continue;
+      line += "  " + fmt(b.median_ms / c.median_ms, 2) + "x vs " + b.method;
+    }
+    if (line.empty()) continue;
+    if (!header) std::printf("\ncascade speedup (median over median):\n");
+    header = true;
+    std::printf("  B=%lld P=%lld t=%lld %s %d thr:%s\n", (long long)c.batch, (long long)c.prefix, (long long)c.suffix,
+                cascade::dtype_name(c.dtype), c.threads, line.c_str());
+  }
+}
+
+void print_csv(const std::vector<Row>& rows) {
+  std::printf(
+      "method,batch,prefix,suffix,n_q_heads,n_kv_heads,head_dim,kv_dtype,threads,median_ms,mean_ms,stdev_ms,min_ms,"
+      "max_ms,min_bytes,min_flops,bytes_read,limit_ms,fraction,bw_gbs,gemm_gflops\n");
+  for (const Row& r : rows)
+    std::printf("%s,%lld,%lld,%lld,%d,%d,%d,%s,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%.0f,%.0f,%.0f,%.6f,%.6f,%.3f,%.3f\n",
+                r.method.c_str(), (long long)r.batch, (long long)r.prefix, (long long)r.suffix, r.shape.n_q_heads,
+                r.shape.n_kv_heads, r.shape.head_dim, cascade::dtype_name(r.dtype), r.threads, r.median_ms, r.mean_ms,
+                r.stdev_ms, r.min_ms, r.max_ms, r.min_bytes, r.min_flops, r.bytes_read, r.limit_ms,
+                r.limit_ms / r.median_ms, r.bw_gbs, r.gemm_gflops);
+}
+
+void print_json(const std::vector<Row>& rows) {
+  std::printf("[\n");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::printf(
+        "  {\"method\": \"%s\", \"batch\": %lld, \"prefix\": %lld, \"suffix\": %lld, \"n_q_heads\": %d, "
+        "\"n_kv_heads\": %d, \"head_dim\": %d, \"kv_dtype\": \"%s\", \"threads\": %d, \"median_ms\": %.6f, "
+        "\"mean_ms\": %.6f, \"stdev_ms\": %.6f, \"min_ms\": %.6f, \"max_ms\": %.6f, \"min_bytes\": %.0f, "
+        "\"min_flops\": %.0f, \"bytes_read\": %.0f, \"limit_ms\": %.6f, \"fraction\": %.6f, \"bw_gbs\": %.3f, "
+        "\"gemm_gflops\": %.3f}%s\n",
+        r.method.c_str(), (long long)r.batch, (long long)r.prefix, (long long)r.suffix, r.shape.n_q_heads,
+        r.shape.n_kv_heads, r.shape.head_dim, cascade::dtype_name(r.dtype), r.threads, r.median_ms, r.mean_ms,
+        r.stdev_ms, r.min_ms, r.max_ms, r.min_bytes, r.min_flops, r.bytes_read, r.limit_ms, r.limit_ms / r.median_ms,
+        r.bw_gbs, r.gemm_gflops, i + 1 < rows.size() ? "," : "");
+  }
+  std::printf("]\n");
+}
+
+void fill_stats(Row& r, std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  const size_t n = ms.size();
+  r.median_ms = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+  double sum = 0, sq = 0;
+  for (double x : ms) sum += x;
+  r.mean_ms = sum / double(n);
+  for (double x : ms) sq += (x - r.mean_ms) * (x - r.mean_ms);
+  r.stdev_ms = n > 1 ? std::sqrt(sq / double(n - 1)) : 0.0;
+  r.min_ms = ms.front();
+  r.max_ms = ms.back();
+}
+
+// The problem on the device: one prefix and B suffixes (one buffer, sequence after sequence), dense
+// (tokens, kv heads, dim), random values; q for one query token per sequence.
+struct Problem {
+  Buffer pk, pv, sk, sv, q, o, lse;
+  int64_t row = 0;  // elements per token
+  cascade::Plan plan;
+};
+
+std::unique_ptr<Problem> make_problem(const HeadShape& shape, DType dt, int64_t batch, int64_t prefix, int64_t suffix,
+                                      uint64_t seed) {
+  auto p = std::make_unique<Problem>();
+  p->row = int64_t(shape.n_kv_heads) * shape.head_dim;
+  const int64_t es = cascade::dtype_size(dt);
+  p->pk = Buffer(size_t(prefix * p->row * es));
+  p->pv = Buffer(size_t(prefix * p->row * es));
+  p->sk = Buffer(size_t(batch * suffix * p->row * es));
+  p->sv = Buffer(size_t(batch * suffix * p->row * es));
+  fill(p->pk.p, prefix * p->row, dt, seed + 1);
+  fill(p->pv.p, prefix * p->row, dt, seed + 2);
+  fill(p->sk.p, batch * suffix * p->row, dt, seed + 3);
+  fill(p->sv.p, batch * suffix * p->row, dt, seed + 4);
+  const int64_t n_q = batch * shape.n_q_heads * shape.head_dim;
+  p->q = Buffer(size_t(n_q * 4));
+  p->o = Buffer(size_t(n_q * 4));
+  p->lse = Buffer(size_t(batch * shape.n_q_heads * 4));
+  fill(p->q.p, n_q, DType::f32, seed + 5);
+  const auto view = [&](const void* k, const void* v, int64_t n) {
+    cascade::KvView kv = cascade::KvView::contiguous(static_cast<const float*>(k), static_cast<const float*>(v), n,
+                                                     shape.n_kv_heads, shape.head_dim);
+    kv.dtype = dt;
+    return kv;
+  };
+  std::vector<cascade::KvView> suffixes;
+  for (int64_t s = 0; s < batch; ++s) {
+    const int64_t off = s * suffix * p->row * es;
+    suffixes.push_back(view(p->sk.as<char>() + off, p->sv.as<char>() + off, suffix));
+  }
+  p->plan = cascade::Plan::two_level(shape, view(p->pk.p, p->pv.p, prefix), suffixes);
+  CHECK_CUDA(cudaDeviceSynchronize(), "filling the problem");
+  return p;
+}
+
+size_t free_memory() {
+  size_t free = 0, total = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return free;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse_args(argc, argv);
+  std::vector<Row> rows;
+  try {
+    if (cascade::cuda::device_count() == 0) die("no CUDA device");
+    cudaDeviceProp prop{};
+    CHECK_CUDA(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    cudaStream_t stream;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    const double bw = measure_copy_bandwidth(stream);
+    std::map<DType, double> rate;
+    for (DType dt : a.dtypes)
+      if (!rate.count(dt)) rate[dt] = measure_tensor_rate(stream, dt);
+    std::fprintf(stderr, "device: %s, %d SMs, L2 %d MiB; copy bandwidth %.1f GB/s (read + write)", prop.name,
+                 prop.multiProcessorCount, prop.l2CacheSize >> 20, bw / 1e9);
+    for (auto [dt, r] : rate) std::fprintf(stderr, "; %s tensor cores %.1f TFLOP/s", cascade::dtype_name(dt), r / 1e12);
+    std::fprintf(stderr, "\n");
+    // Overwriting twice the L2 before each timed run evicts the previous run's K/V.
+    Buffer flush_buf(a.flush ? size_t(2) * size_t(std::max(prop.l2CacheSize, 1 << 20)) : 16);
+    int flush_value = 0;
+    const auto flush = [&] {
+      if (a.flush)
+        CHECK_CUDA(cudaMemsetAsync(flush_buf.p, ++flush_value & 0xff, flush_buf.bytes, stream), "flushing the L2");
+    };
+    uint64_t seed = 1234;
+    for (DType dt : a.dtypes)
+      for (int64_t B : a.batch)
+        for (int64_t P : a.prefix)
+          for (int64_t t : a.suffix) {
+            const HeadShape& sh = a.shape;
+            const double kv_token_bytes = 2.0 * sh.n_kv_heads * sh.head_dim * cascade::dtype_size(dt);
+            const double qo_bytes = 2.0 * B * sh.n_q_heads * sh.head_dim * 4;
+            auto prob = make_problem(sh, dt, B, P, t, seed += 10);
+            Row base{};
+            base.batch = B, base.prefix = P, base.suffix = t, base.shape = sh, base.dtype = dt, base.threads = 0;
+            base.min_bytes = kv_token_bytes * double(P + B * t) + qo_bytes;
+            base.min_flops = 4.0 * B * sh.n_q_heads * double(P + t) * sh.head_dim;
+            base.limit_ms = 1e3 * std::max(base.min_bytes / bw, base.min_flops / rate[dt]);
+            base.bw_gbs = bw / 1e9;
+            base.gemm_gflops = rate[dt] / 1e9;
+            const size_t n_o = size_t(B * sh.n_q_heads * sh.head_dim);
+            std::vector<float> first_o;
+            std::string first_method;
+            for (const std::string& m : a.methods) {
+              Row r = base;
+              r.method = m;
+              // The method's own K/V layout (split and unified copy the problem's K/V on the device).
+              Buffer xk, xv;
+              std::unique_ptr<cascade::cuda::Workspace> ws;
+              if (m == "cascade") {
+                r.bytes_read = base.min_bytes;
+                ws = std::make_unique<cascade::cuda::Workspace>(prob->plan);
+              } else if (m == "split") {
+                const size_t bytes = size_t(double(B) * double(P + t) * kv_token_bytes);
+                if (bytes + (size_t(1) << 30) > free_memory()) {
+                  std::fprintf(stderr, "  split B=%lld P=%lld t=%lld: needs %.1f GB of K/V, %.1f GB free: skipped\n",
+                               (long long)B, (long long)P, (long long)t, bytes / 1e9, free_memory() / 1e9);
+                  continue;
+                }
+                r.bytes_read = kv_token_bytes * double(B) * double(P + t) + qo_bytes;
+                const size_t seq_bytes = size_t(double(P + t) * kv_token_bytes / 2), pre = size_t(P * prob->row * cascade::dtype_size(dt));
+                xk = Buffer(size_t(B) * seq_bytes);
+                xv = Buffer(size_t(B) * seq_bytes);
+                std::vector<cascade::KvView> views;
+                for (int64_t s = 0; s < B; ++s) {
+                  char* dk = xk.as<char>() + s * seq_bytes;
+                  char* dv = xv.as<char>() + s * seq_bytes;
+                  CHECK_CUDA(cudaMemcpyAsync(dk, prob->pk.p, pre, cudaMemcpyDeviceToDevice, stream), "split copy");
+                  CHECK_CUDA(cudaMemcpyAsync(dv, prob->pv.p, pre, cudaMemcpyDeviceToDevice, stream), "split copy");
+                  CHECK_CUDA(cudaMemcpyAsync(dk + pre, prob->plan.segment(int(s) + 1).k, seq_bytes - pre,
+                                             cudaMemcpyDeviceToDevice, stream), "split copy");
+                  CHECK_CUDA(cudaMemcpyAsync(dv + pre, prob->plan.segment(int(s) + 1).v, seq_bytes - pre,
+                                             cudaMemcpyDeviceToDevice, stream), "split copy");
+                  cascade::KvView kv = cascade::KvView::contiguous(reinterpret_cast<const float*>(dk),
+                                                                   reinterpret_cast<const float*>(dv), P + t,
+                                                                   sh.n_kv_heads, sh.head_dim);
+                  kv.dtype = dt;
+                  views.push_back(kv);
+                }
+                CHECK_CUDA(cudaStreamSynchronize(stream), "split copies");
+                ws = std::make_unique<cascade::cuda::Workspace>(cascade::Plan::independent(
+                    sh, views, std::vector<int64_t>(size_t(B), 1), prob->plan.scale()));
+              } else {
+                r.bytes_read = base.min_bytes;
+                const int64_t n_keys = P + B * t;
+                const size_t pre = size_t(P * prob->row * cascade::dtype_size(dt));
+                xk = Buffer(size_t(double(n_keys) * kv_token_bytes / 2));
+                xv = Buffer(xk.bytes);
+                CHECK_CUDA(cudaMemcpyAsync(xk.p, prob->pk.p, pre, cudaMemcpyDeviceToDevice, stream), "unified copy");
+                CHECK_CUDA(cudaMemcpyAsync(xv.p, prob->pv.p, pre, cudaMemcpyDeviceToDevice, stream), "unified copy");
+                CHECK_CUDA(cudaMemcpyAsync(xk.as<char>() + pre, prob->sk.p, prob->sk.bytes, cudaMemcpyDeviceToDevice,
+                                           stream), "unified copy");
+                CHECK_CUDA(cudaMemcpyAsync(xv.as<char>() + pre, prob->sv.p, prob->sv.bytes, cudaMemcpyDeviceToDevice,
+                                           stream), "unified copy");
+                CHECK_CUDA(cudaStreamSynchronize(stream), "unified copies");
+                // Masks: prefix keys belong to every sequence, suffix s's keys to s alone.
+                const int64_t n_words = (B + 63) / 64;
+                std::vector<uint64_t> key_seqs(static_cast<size_t>(n_keys * n_words), 0);
+                std::vector<int32_t> key_pos(static_cast<size_t>(n_keys)), row_seq(static_cast<size_t>(B)),
+                    row_pos(static_cast<size_t>(B));
+                for (int64_t k = 0; k < P; ++k) {
+                  for (int64_t s = 0; s < B; ++s) key_seqs[size_t(k * n_words + s / 64)] |= uint64_t(1) << (s % 64);
+                  key_pos[size_t(k)] = int32_t(k);
+                }
+                for (int64_t s = 0; s < B; ++s) {
+                  for (int64_t j = 0; j < t; ++j) {
+                    const int64_t k = P + s * t + j;
+                    key_seqs[size_t(k * n_words + s / 64)] |= uint64_t(1) << (s % 64);
+                    key_pos[size_t(k)] = int32_t(P + j);
+                  }
+                  row_seq[size_t(s)] = int32_t(s);
+                  row_pos[size_t(s)] = int32_t(P + t - 1);
+                }
+                cascade::cpu::UnifiedBatch b;
+                b.kv = cascade::KvView::contiguous(xk.as<const float>(), xv.as<const float>(), n_keys, sh.n_kv_heads,
+                                                   sh.head_dim);
+                b.kv.dtype = dt;
+                b.key_seqs = key_seqs.data();
+                b.n_words = n_words;
+                b.key_pos = key_pos.data();
+                b.n_rows = B;
+                b.row_seq = row_seq.data();
+                b.row_pos = row_pos.data();
+                ws = std::make_unique<cascade::cuda::Workspace>(
+                    cascade::cuda::Workspace::unified(sh, b, prob->plan.scale()));
+              }
+              const auto step = [&] { ws->attend(stream, prob->q.as<float>(), prob->o.as<float>(), prob->lse.as<float>()); };
+              std::vector<double> ms;
+              if (a.graph) {
+                cudaGraph_t graph;
+                cudaGraphExec_t exec;
+                CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "beginning capture");
+                step();
+                CHECK_CUDA(cudaStreamEndCapture(stream, &graph), "ending capture");
+                CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0), "instantiating the graph");
+                ms = time_events(stream, a.warmup, a.reps,
+                                 [&] { CHECK_CUDA(cudaGraphLaunch(exec, stream), "launching the graph"); }, flush);
+                CHECK_CUDA(cudaGraphExecDestroy(exec), "cudaGraphExecDestroy");
+                CHECK_CUDA(cudaGraphDestroy(graph), "cudaGraphDestroy");
+              } else {
+                ms = time_events(stream, a.warmup, a.reps, step, flush);
+              }
+              CHECK_CUDA(cudaStreamSynchronize(stream), "running " + m);
+              fill_stats(r, ms);
+              rows.push_back(r);
+              // Cross-check against the first method's output.
+              std::vector<float> o(n_o);
+              CHECK_CUDA(cudaMemcpy(o.data(), prob->o.p, n_o * 4, cudaMemcpyDeviceToHost), "reading o");
+              double diff = 0;
+              bool finite = true;
+              for (size_t i = 0; i < n_o; ++i) {
+                finite = finite && std::isfinite(o[i]);
+                if (!first_o.empty()) diff = std::max(diff, double(std::fabs(o[i] - first_o[i])));
+              }
+              if (first_o.empty()) first_o = o, first_method = m;
+              std::fprintf(stderr, "  %-7s B=%lld P=%lld t=%lld %s: %.3f ms (limit %.3f ms)%s", m.c_str(),
+                           (long long)B, (long long)P, (long long)t, cascade::dtype_name(dt), r.median_ms, r.limit_ms,
+                           finite ? "" : " NON-FINITE OUTPUT");
+              if (first_method != m) std::fprintf(stderr, ", max |o - o(%s)| = %.2e", first_method.c_str(), diff);
+              std::fprintf(stderr, "\n");
+            }
+          }
+    CHECK_CUDA(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  } catch (const std::exception& e) {
+    die(e.what());
+  }
+  if (a.format == "md") print_md(rows);
+  else if (a.format == "csv") print_csv(rows);
+  else print_json(rows);
+  return 0;
+}

@@ -1,0 +1,466 @@
+// The CUDA attention kernel: one thread block per work item (schedule.hpp), tensor cores for both
+// products (mma.sync m16n8k16, f16 or bf16 operands, f32 accumulation; sm_80 and later).
+//
+// A block attends up to BM stacked query rows of one pass and one KV head to the tokens [t0, t1):
+//   - Q: the rows' f32 queries, converted to the K/V type (T) into shared memory once;
+//   - K/V: tiles of BN tokens, copied into shared memory two stages deep (cp.async, 16-byte vectors when the
+//     rows are aligned, element copies otherwise), token by token through the block table when paged;
+//   - warp (wm, wn) owns rows [16 wm, 16 wm + 16) and tokens [NW wn, NW wn + NW) of each tile:
+//     S = Q K^T on tensor cores, scale and mask in registers, online softmax in base 2 (m, l per row),
+//     P (rounded to T) V on tensor cores into f32 accumulators;
+//   - when the warps split the tokens (WN > 1) their states are merged through shared memory;
+//   - the block writes its rows' normalized partial states (o, lse natural log) to their slots; a row that
+//     saw no key writes (0, -inf).
+// Masks: a plan pass shows row r the pass's first rows[r].limit tokens (causal, and empty rows); the unified
+// baseline shows key j to row r when j belongs to r's sequence and key_pos[j] <= r's position.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cascade/cuda/common.cuh"
+#include "cascade/cuda/work.hpp"
+
+namespace cascade::cuda {
+
+// Everything a launch reads, in device memory except the scalars.
+struct LaunchArgs {
+  const WorkItem* items = nullptr;
+  int32_t n_items = 0;
+  const PassDesc* passes = nullptr;
+  const RowDesc* rows = nullptr;
+  const float* q = nullptr;  // (n_rows, n_q_heads, head_dim) f32
+  int32_t n_q_heads = 0;
+  int32_t group = 1;
+  float scale_log2 = 0;  // softmax scale * log2(e)
+  float* part_o = nullptr;    // (slots, head_dim)
+  float* part_lse = nullptr;  // (slots), natural log
+  // Unified baseline only (nullptr for plans): key masks of the one pass.
+  const uint64_t* key_seqs = nullptr;  // (n_keys, n_words)
+  int32_t n_words = 0;
+  const int32_t* key_pos = nullptr;    // (n_keys)
+};
+
+// Head dims with a compiled kernel.
+inline bool head_dim_supported(int d) { return d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
+
+// Launches the kernel of configuration cfg (kNarrow or kWide) over args.items. T: __half or __nv_bfloat16.
+// configure(): raises the kernels' shared-memory limit once; call it before the first launch and outside
+// stream capture.
+template <class T, int D>
+void launch_attention(const LaunchArgs& args, int cfg, cudaStream_t stream);
+template <class T, int D>
+void configure_attention();
+
+// Calls f.template operator()<D>() with D the head dim (FlashInfer's DISPATCH_HEAD_DIM, as a function).
+template <class F>
+void dispatch_head_dim(int d, F&& f) {
+  switch (d) {
+    case 64: return f.template operator()<64>();
+    case 80: return f.template operator()<80>();
+    case 96: return f.template operator()<96>();
+    case 128: return f.template operator()<128>();
+    case 256: return f.template operator()<256>();
+  }
+  ::cascade::detail::fail("CUDA attention: head_dim ", d, " has no kernel (64, 80, 96, 128, 256)");
+}
+
+#if defined(__CUDACC__)
+
+namespace kernel {
+
+template <class T> struct Mma;
+template <> struct Mma<__half> {
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  __device__ __forceinline__ static __half from_float(float x) { return __float2half_rn(x); }
+  __device__ __forceinline__ static void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <> struct Mma<__nv_bfloat16> {
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  __device__ __forceinline__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+  __device__ __forceinline__ static void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+// 16-byte asynchronous copy; src_bytes = 0 fills the destination with zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Tile shapes of a configuration (schedule.hpp: kNarrow, kWide).
+template <int D, int Cfg>
+struct Shape {
+  static constexpr int BN = (Cfg == kWide && D > 128) ? 32 : (Cfg == kNarrow && D > 128 ? 32 : 64);
+  static constexpr int WM = Cfg == kWide ? 4 : 1;            // warps along the rows
+  static constexpr int WN = Cfg == kWide ? 1 : BN / 16;      // warps along the tokens
+  static constexpr int BM = 16 * WM;
+  static constexpr int NW = BN / WN;                         // tokens per warp per tile
+  static constexpr int kThreads = 32 * WM * WN;
+  static constexpr int LD = D + 8;                           // shared row stride: 16 bytes of padding
+  static constexpr bool kQInRegs = D <= 128;
+  static constexpr int kQBytes = BM * LD * 2;
+  static constexpr int kKvBytes = 2 * 2 * BN * LD * 2;      // K and V, two stages
+  static constexpr int kMergeBytes = WN > 1 ? WN * 16 * (D + 2) * 4 : 0;
+  static constexpr int kMetaBytes = 3 * BM * 4;
+  static constexpr int kSmemBytes =
+      kQBytes + (kKvBytes > kMergeBytes ? kKvBytes : kMergeBytes) + kMetaBytes;
+  static_assert(D % 16 == 0 && NW % 16 == 0 && BN % 16 == 0, "tile shape");
+};
+
+template <class T, int D, int Cfg>
+__global__ void __launch_bounds__(Shape<D, Cfg>::kThreads)
+    attention_kernel(const LaunchArgs args) {
+  using S = Shape<D, Cfg>;
+  constexpr int BM = S::BM, BN = S::BN, NW = S::NW, LD = S::LD, WN = S::WN;
+  constexpr int kChunks = D / 8;  // 16-byte chunks per K/V row
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sq = reinterpret_cast<T*>(smem);
+  T* skv = reinterpret_cast<T*>(smem + S::kQBytes);  // [stage][K|V][BN][LD]
+  int32_t* s_lim = reinterpret_cast<int32_t*>(smem + S::kQBytes +
+                                              (S::kKvBytes > S::kMergeBytes ? S::kKvBytes : S::kMergeBytes));
+  int32_t* s_seq = s_lim + BM;
+  int32_t* s_pos = s_seq + BM;
+
+  const WorkItem it = args.items[blockIdx.x];
+  const PassDesc ps = args.passes[it.pass];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / WN, wn = warp % WN;
+  const bool unified = args.key_pos != nullptr;
+
+  // Q rows -> shared (as T), and each row's mask data.
+  for (int i = tid; i < BM * (D / 4); i += S::kThreads) {
+    const int r = i / (D / 4), c = (i % (D / 4)) * 4;
+    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (r < it.n_rows) {
+      const int e = it.e0 + r;
+      const RowDesc rd = args.rows[ps.row_begin + e / args.group];
+      const int qh = it.kvh * args.group + e % args.group;
+      x = *reinterpret_cast<const float4*>(args.q + (int64_t(rd.q_row) * args.n_q_heads + qh) * D + c);
+    }
+    T* dst = sq + r * LD + c;
+    dst[0] = Mma<T>::from_float(x.x);
+    dst[1] = Mma<T>::from_float(x.y);
+    dst[2] = Mma<T>::from_float(x.z);
+    dst[3] = Mma<T>::from_float(x.w);
+  }
+  for (int r = tid; r < BM; r += S::kThreads) {
+    int32_t lim = 0, seq = 0, pos = -1;
+    if (r < it.n_rows) {
+      const RowDesc rd = args.rows[ps.row_begin + (it.e0 + r) / args.group];
+      lim = rd.limit, seq = rd.seq, pos = rd.pos;
+    }
+    s_lim[r] = lim, s_seq[r] = seq, s_pos[r] = pos;
+  }
+
+  // Copies tokens [a, a + BN) of K and V (zeros past t1) into stage st.
+  const T* kbase = static_cast<const T*>(ps.k);
+  const T* vbase = static_cast<const T*>(ps.v);
+  const auto load_tile = [&](int a, int st) {
+    T* sk = skv + st * 2 * BN * LD;
+    T* sv = sk + BN * LD;
+    for (int i = tid; i < BN * kChunks; i += S::kThreads) {
+      const int j = i / kChunks, c = (i % kChunks) * 8;
+      const int t = a + j;
+      const bool in = t < it.t1;
+      int64_t off = 0;
+      if (in) {
+        off = ps.page_size == 0 ? int64_t(t) * ps.stride_token
+                                : int64_t(ps.block_table[t / ps.page_size]) * ps.stride_page +
+                                      int64_t(t % ps.page_size) * ps.stride_token;
+        off += int64_t(it.kvh) * ps.stride_head + c;
+      }
+      T* dk = sk + j * LD + c;
+      T* dv = sv + j * LD + c;
+      if (ps.vec16) {
+        cp_async16(dk, kbase + off, in ? 16 : 0);
+        cp_async16(dv, vbase + off, in ? 16 : 0);
+      } else {
+        const uint16_t* gk = reinterpret_cast<const uint16_t*>(kbase + off);
+        const uint16_t* gv = reinterpret_cast<const uint16_t*>(vbase + off);
+        uint16_t* k16 = reinterpret_cast<uint16_t*>(dk);
+        uint16_t* v16 = reinterpret_cast<uint16_t*>(dv);
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          k16[u] = in ? gk[u] : uint16_t(0);
+          v16[u] = in ? gv[u] : uint16_t(0);
+        }
+      }
+    }
+  };
+
+  const int n_tiles = (it.t1 - it.t0 + BN - 1) / BN;
+  load_tile(it.t0, 0);
+  cp_async_commit();
+  __syncthreads();  // Q and the row data are in shared memory
+
+  const int row0 = wm * 16;  // this warp's first row in the block
+  uint32_t qf[S::kQInRegs ? D / 16 : 1][4];
+  if constexpr (S::kQInRegs) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      ldmatrix_x4(qf[kk], sq + (row0 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
+  }
+  // This thread's two rows (fragment rows lane/4 and lane/4 + 8) and their mask data.
+  const int ra = row0 + (lane >> 2), rb = ra + 8;
+  const int lim_a = s_lim[ra], lim_b = s_lim[rb];
+  const int seq_a = s_seq[ra], seq_b = s_seq[rb], pos_a = s_pos[ra], pos_b = s_pos[rb];
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // m in base 2 (scaled scores)
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int a = it.t0 + tile * BN;
+    if (tile + 1 < n_tiles) load_tile(a + BN, (tile + 1) & 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const T* sk = skv + (tile & 1) * 2 * BN * LD;
+    const T* sv = sk + BN * LD;
+    const int tok0 = wn * NW;  // this warp's first token in the tile
+
+    // S = Q K^T: (16, NW) per warp.
+    float s[NW / 8][4];
+#pragma unroll
+    for (int i = 0; i < NW / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qa[4];
+      if constexpr (S::kQInRegs) {
+        qa[0] = qf[kk][0], qa[1] = qf[kk][1], qa[2] = qf[kk][2], qa[3] = qf[kk][3];
+      } else {
+        ldmatrix_x4(qa, sq + (row0 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
+      }
+#pragma unroll
+      for (int np = 0; np < NW / 16; ++np) {
+        uint32_t b[4];
+        const int mi = lane >> 3;
+        ldmatrix_x4(b, sk + (tok0 + np * 16 + (mi >> 1) * 8 + (lane & 7)) * LD + kk * 16 + (mi & 1) * 8);
+        Mma<T>::mma(s[2 * np], qa, b[0], b[1]);
+        Mma<T>::mma(s[2 * np + 1], qa, b[2], b[3]);
+      }
+    }
+
+    // Scale into base 2, mask, and the online softmax update of the two rows.
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NW / 8; ++nt) {
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int j = a + tok0 + nt * 8 + 2 * (lane & 3) + u;  // the key's token index in the pass
+        bool vis_a, vis_b;
+        if (unified) {
+          bool in_a = false, in_b = false;
+          if (j < it.t1) {
+            const int kp = args.key_pos[j];
+            const uint64_t* bits = args.key_seqs + int64_t(j) * args.n_words;
+            in_a = ((bits[seq_a >> 6] >> (seq_a & 63)) & 1u) && kp <= pos_a;
+            in_b = ((bits[seq_b >> 6] >> (seq_b & 63)) & 1u) && kp <= pos_b;
+          }
+          vis_a = in_a, vis_b = in_b;
+        } else {
+          vis_a = j < it.t1 && j < lim_a;
+          vis_b = j < it.t1 && j < lim_b;
+        }
+        s[nt][u] = vis_a ? s[nt][u] * args.scale_log2 : -INFINITY;
+        s[nt][2 + u] = vis_b ? s[nt][2 + u] * args.scale_log2 : -INFINITY;
+        mx_a = fmaxf(mx_a, s[nt][u]);
+        mx_b = fmaxf(mx_b, s[nt][2 + u]);
+      }
+    }
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
+    const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+    // Reference points: 0 while a row has seen nothing, so no (-inf) - (-inf) appears.
+    const float ref_a = mn_a == -INFINITY ? 0.f : mn_a, ref_b = mn_b == -INFINITY ? 0.f : mn_b;
+    const float alpha_a = exp2f(m_a - ref_a), alpha_b = exp2f(m_b - ref_b);
+    m_a = mn_a, m_b = mn_b;
+    float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NW / 8; ++nt) {
+      s[nt][0] = exp2f(s[nt][0] - ref_a);
+      s[nt][1] = exp2f(s[nt][1] - ref_a);
+      s[nt][2] = exp2f(s[nt][2] - ref_b);
+      s[nt][3] = exp2f(s[nt][3] - ref_b);
+      sum_a += s[nt][0] + s[nt][1];
+      sum_b += s[nt][2] + s[nt][3];
+    }
+    l_a = l_a * alpha_a + sum_a;
+    l_b = l_b * alpha_b + sum_b;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      o[i][0] *= alpha_a, o[i][1] *= alpha_a;
+      o[i][2] *= alpha_b, o[i][3] *= alpha_b;
+    }
+
+    // O += P V: P's accumulator layout is the A operand's layout (two n8 tiles = one k16 step).
+#pragma unroll
+    for (int kt = 0; kt < NW / 16; ++kt) {
+      uint32_t pa[4];
+      pa[0] = Mma<T>::pack(s[2 * kt][0], s[2 * kt][1]);
+      pa[1] = Mma<T>::pack(s[2 * kt][2], s[2 * kt][3]);
+      pa[2] = Mma<T>::pack(s[2 * kt + 1][0], s[2 * kt + 1][1]);
+      pa[3] = Mma<T>::pack(s[2 * kt + 1][2], s[2 * kt + 1][3]);
+      const int mi = lane >> 3;
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, sv + (tok0 + kt * 16 + (mi & 1) * 8 + (lane & 7)) * LD + dp * 16 + (mi >> 1) * 8);
+        Mma<T>::mma(o[2 * dp], pa, b[0], b[1]);
+        Mma<T>::mma(o[2 * dp + 1], pa, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // the stage is read by every warp before the next load overwrites it
+  }
+  cp_async_wait<0>();
+
+  // Each row's sum lives spread over the four threads of its quad.
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+  const float kLn2 = 0.6931471805599453f;
+  const int cq = 2 * (lane & 3);  // this thread's first column in each n8 tile
+
+  if constexpr (WN == 1) {
+    const float inv_a = l_a > 0.f ? 1.f / l_a : 0.f, inv_b = l_b > 0.f ? 1.f / l_b : 0.f;
+    const int r_a = ra, r_b = rb;  // rows in the block (WM warps of 16)
+    if (r_a < it.n_rows) {
+      float* dst = args.part_o + (it.slot + r_a) * D;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i)
+        *reinterpret_cast<float2*>(dst + i * 8 + cq) = make_float2(o[i][0] * inv_a, o[i][1] * inv_a);
+      if ((lane & 3) == 0) args.part_lse[it.slot + r_a] = l_a > 0.f ? (m_a + log2f(l_a)) * kLn2 : -INFINITY;
+    }
+    if (r_b < it.n_rows) {
+      float* dst = args.part_o + (it.slot + r_b) * D;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i)
+        *reinterpret_cast<float2*>(dst + i * 8 + cq) = make_float2(o[i][2] * inv_b, o[i][3] * inv_b);
+      if ((lane & 3) == 0) args.part_lse[it.slot + r_b] = l_b > 0.f ? (m_b + log2f(l_b)) * kLn2 : -INFINITY;
+    }
+  } else {
+    // The warps split the tokens: merge their (m, l, unnormalized o) per row through shared memory
+    // (the K/V stages are free now). Layout: [wn][16 rows][D + 2]: o, then m and l.
+    __syncthreads();
+    float* buf = reinterpret_cast<float*>(smem + S::kQBytes);
+    float* mine = buf + wn * 16 * (D + 2);
+    const int la = lane >> 2, lb = la + 8;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      *reinterpret_cast<float2*>(mine + la * (D + 2) + i * 8 + cq) = make_float2(o[i][0], o[i][1]);
+      *reinterpret_cast<float2*>(mine + lb * (D + 2) + i * 8 + cq) = make_float2(o[i][2], o[i][3]);
+    }
+    if ((lane & 3) == 0) {
+      mine[la * (D + 2) + D] = m_a, mine[la * (D + 2) + D + 1] = l_a;
+      mine[lb * (D + 2) + D] = m_b, mine[lb * (D + 2) + D + 1] = l_b;
+    }
+    __syncthreads();
+    for (int i = tid; i < 16 * D; i += S::kThreads) {
+      const int r = i / D, d = i % D;
+      if (r >= it.n_rows) continue;
+      float m = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < WN; ++w) m = fmaxf(m, buf[(w * 16 + r) * (D + 2) + D]);
+      float l = 0.f, acc = 0.f;
+      if (m != -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < WN; ++w) {
+          const float* row = buf + (w * 16 + r) * (D + 2);
+          const float c = exp2f(row[D] - m);  // 0 for a warp that saw nothing
+          l += c * row[D + 1];
+          acc += c * row[d];
+        }
+      }
+      args.part_o[(it.slot + r) * D + d] = l > 0.f ? acc / l : 0.f;
+      if (d == 0) args.part_lse[it.slot + r] = l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY;
+    }
+  }
+}
+
+}  // namespace kernel
+
+template <class T, int D>
+void configure_attention() {
+  CASCADE_CUDA_CHECK(cudaFuncSetAttribute(kernel::attention_kernel<T, D, kNarrow>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          kernel::Shape<D, kNarrow>::kSmemBytes),
+                     "raising the shared-memory limit of the narrow attention kernel (head_dim ", D, ")");
+  CASCADE_CUDA_CHECK(cudaFuncSetAttribute(kernel::attention_kernel<T, D, kWide>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          kernel::Shape<D, kWide>::kSmemBytes),
+                     "raising the shared-memory limit of the wide attention kernel (head_dim ", D, ")");
+}
+
+template <class T, int D>
+void launch_attention(const LaunchArgs& args, int cfg, cudaStream_t stream) {
+  if (args.n_items == 0) return;
+  if (cfg == kNarrow) {
+    using S = kernel::Shape<D, kNarrow>;
+    kernel::attention_kernel<T, D, kNarrow><<<args.n_items, S::kThreads, S::kSmemBytes, stream>>>(args);
+  } else {
+    using S = kernel::Shape<D, kWide>;
+    kernel::attention_kernel<T, D, kWide><<<args.n_items, S::kThreads, S::kSmemBytes, stream>>>(args);
+  }
+  CASCADE_CUDA_CHECK(cudaGetLastError(), "launching the ", cfg == kNarrow ? "narrow" : "wide",
+                     " attention kernel (head_dim ", D, ", ", args.n_items, " blocks)");
+}
+
+#endif  // __CUDACC__
+
+// Explicit instantiations live in kernels/cuda (the cascade_cuda library); users who compile the templates
+// themselves leave CASCADE_CUDA_EXTERN_KERNELS undefined.
+#if defined(CASCADE_CUDA_EXTERN_KERNELS)
+#define CASCADE_CUDA_ATTENTION_EXTERN(T, D)                                               \
+  extern template void launch_attention<T, D>(const LaunchArgs&, int, cudaStream_t); \
+  extern template void configure_attention<T, D>();
+#define CASCADE_CUDA_ATTENTION_EXTERN_ALL(T) \
+  CASCADE_CUDA_ATTENTION_EXTERN(T, 64)       \
+  CASCADE_CUDA_ATTENTION_EXTERN(T, 80)       \
+  CASCADE_CUDA_ATTENTION_EXTERN(T, 96)       \
+  CASCADE_CUDA_ATTENTION_EXTERN(T, 128)      \
+  CASCADE_CUDA_ATTENTION_EXTERN(T, 256)
+CASCADE_CUDA_ATTENTION_EXTERN_ALL(__half)
+CASCADE_CUDA_ATTENTION_EXTERN_ALL(__nv_bfloat16)
+#endif
+
+}  // namespace cascade::cuda
