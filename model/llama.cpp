@@ -3,11 +3,14 @@
 #include <tbb/parallel_for.h>
 
 #include <Eigen/Core>
-#include <immintrin.h>
 #include <chrono>
-#include <optional>
 #include <cmath>
+#include <optional>
 #include <string>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include "cascade/error.hpp"
 #include "model/gguf.hpp"
