@@ -659,7 +659,15 @@ void Tokenizer::encode_spm(std::string_view text, std::vector<int32_t>& out) con
   std::vector<Symbol> sym;
   sym.reserve(text.size());
   for (size_t off = 0; off < text.size();) {
-    const size_t len = std::min(utf8_len(uint8_t(text[off])), text.size() - off);
+    size_t len = std::min(utf8_len(uint8_t(text[off])), text.size() - off);
+    // A broken sequence ends at the first byte that does not continue it, so a lead byte cannot swallow what
+    // follows (a space mark, say, which would then fall back to bytes and decode as U+2581, not a space).
+    for (size_t k = 1; k < len; ++k) {
+      if ((uint8_t(text[off + k]) & 0xC0) != 0x80) {
+        len = k;
+        break;
+      }
+    }
     const int32_t i = int32_t(sym.size());
     sym.push_back({i - 1, off + len < text.size() ? i + 1 : -1, off, len});
     off += len;
