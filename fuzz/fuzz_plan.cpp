@@ -1,0 +1,230 @@
+// Bytes -> a head shape, KV segments (contiguous or paged, padded strides, f32/f16/bf16) and sequences with
+// their paths and query counts (plan_input.hpp) -> cascade::Plan::build. A plan that validates is checked for
+// its own invariants; when it is small enough it is run with cpu::attend and every output is compared with
+// reference_attention. cascade::Error is a fine answer to a bad plan; a crash, UB, another exception or a
+// wrong number is not.
+#include <cascade/cascade.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#include "plan_input.hpp"
+
+namespace {
+
+using namespace cascade;
+
+// Budgets per input: K/V elements allocated, and multiply-adds of the double reference.
+constexpr int64_t kMaxKvElements = int64_t(1) << 20;
+constexpr double kMaxWork = 1e6;
+
+[[noreturn]] void fail(const char* what, double got, double want, int64_t row, int head, int64_t i) {
+  std::fprintf(stderr, "fuzz_plan: %s: got %.9g, reference %.9g (row %lld, head %d, element %lld)\n", what, got, want,
+               static_cast<long long>(row), head, static_cast<long long>(i));
+  std::abort();
+}
+
+[[noreturn]] void fail_invariant(const char* what) {
+  std::fprintf(stderr, "fuzz_plan: plan invariant broken: %s\n", what);
+  std::abort();
+}
+
+struct Rng {
+  uint64_t s;
+  uint64_t next() {  // splitmix64
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return float(int64_t(next() >> 40) - (int64_t(1) << 23)) / float(int64_t(1) << 23); }  // [-1, 1)
+};
+
+// One segment's memory: K and V (elements of the plan's dtype) and the block table of a paged view.
+struct Storage {
+  std::vector<float> k32, v32;
+  std::vector<f16> k16, v16;
+  std::vector<bf16> kb, vb;
+  std::vector<int32_t> table;
+};
+
+void fill(Storage& st, DType dtype, int64_t n, Rng& rng) {
+  const auto gen = [&](auto& k, auto& v, auto conv) {
+    k.resize(size_t(n));
+    v.resize(size_t(n));
+    for (auto& e : k) e = conv(rng.uniform());
+    for (auto& e : v) e = conv(rng.uniform());
+  };
+  switch (dtype) {
+    case DType::f32: gen(st.k32, st.v32, [](float x) { return x; }); break;
+    case DType::f16: gen(st.k16, st.v16, [](float x) { return f16(x); }); break;
+    case DType::bf16: gen(st.kb, st.vb, [](float x) { return bf16(x); }); break;
+  }
+}
+
+void set_data(KvView& kv, Storage& st, DType dtype) {
+  switch (dtype) {
+    case DType::f32: kv.k = st.k32.data(); kv.v = st.v32.data(); break;
+    case DType::f16: kv.k = st.k16.data(); kv.v = st.v16.data(); break;
+    case DType::bf16: kv.k = st.kb.data(); kv.v = st.vb.data(); break;
+  }
+}
+
+void check_invariants(const Plan& plan, const std::vector<int64_t>& n_query) {
+  int64_t rows = 0;
+  for (int s = 0; s < plan.n_sequences(); ++s) {
+    const Plan::Sequence& sq = plan.sequence(s);
+    if (sq.row_begin != rows || sq.n_query != n_query[size_t(s)]) fail_invariant("row layout");
+    rows += sq.n_query;
+    int64_t keys = 0;
+    int parent = Plan::kRoot;
+    if (sq.seg_row_begin.size() != sq.path.size()) fail_invariant("seg_row_begin size");
+    for (size_t k = 0; k < sq.path.size(); ++k) {
+      const int g = sq.path[k];
+      if (g < 0 || g >= plan.n_segments()) fail_invariant("segment id in path");
+      if (plan.parent(g) != parent) fail_invariant("parent of a path segment");
+      const int64_t b = sq.seg_row_begin[k];
+      if (b < 0 || b + sq.n_query > int64_t(plan.segment_rows(g).size())) fail_invariant("seg_row_begin range");
+      for (int64_t i = 0; i < sq.n_query; ++i)
+        if (plan.segment_rows(g)[size_t(b + i)].row != sq.row_begin + i) fail_invariant("segment row mapping");
+      keys += plan.segment(g).n_tokens;
+      parent = g;
+    }
+    if (keys != sq.n_keys) fail_invariant("n_keys");
+  }
+  if (rows != plan.n_rows()) fail_invariant("n_rows");
+  for (int g = 0; g < plan.n_segments(); ++g)
+    for (const Plan::SegmentRow& r : plan.segment_rows(g))
+      if (r.row < 0 || r.row >= plan.n_rows() || r.limit < 0 || r.limit > plan.segment(g).n_tokens)
+        fail_invariant("segment row limit");
+}
+
+}  // namespace
+
+// The kernels keep per-thread scratch in a static enumerable_thread_specific, whose elements live in memory
+// oneTBB takes from its own allocator (libtbbmalloc), which LeakSanitizer does not scan: libFuzzer's
+// per-input leak check would report the scratch's buffers as lost. They are freed at exit, where the test suite's
+// LeakSanitizer run (scripts/sanitize.sh) still checks them.
+extern "C" const char* __lsan_default_suppressions() {
+  return "leak:cascade::cpu::Scratch::reserve\n"
+         "leak:cascade::cpu::detail::gather_queries\n";
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const fuzz::PlanSpec spec = fuzz::decode_plan(data, size);
+  const HeadShape shape{spec.n_q_heads, spec.n_kv_heads, spec.head_dim_value()};
+  const DType dtype = spec.dtype == 1 ? DType::f16 : spec.dtype == 2 ? DType::bf16 : DType::f32;
+  float scale = 0.0f;
+  if (spec.scale == 254) {
+    scale = std::numeric_limits<float>::quiet_NaN();
+  } else if (spec.scale == 255) {
+    scale = std::numeric_limits<float>::infinity();
+  } else if (spec.scale != 0) {
+    scale = float(int(spec.scale) - 128) / 16.0f;
+  }
+
+  Rng rng{spec.value_seed};
+  static const float kDummy[1] = {0};  // data of views that are only built, never read
+  bool runnable = !spec.huge && shape.n_kv_heads > 0 && shape.head_dim > 0;
+  int64_t kv_elements = 0;
+  std::vector<Storage> store(spec.segments.size());
+  std::vector<KvView> views;
+  for (size_t g = 0; g < spec.segments.size(); ++g) {
+    const fuzz::SegmentSpec& s = spec.segments[g];
+    KvView kv;
+    kv.dtype = dtype;
+    kv.n_tokens = int64_t(s.n_tokens);  // a u64 above INT64_MAX turns negative: the plan must reject it
+    kv.n_kv_heads = shape.n_kv_heads;
+    kv.head_dim = shape.head_dim;
+    kv.stride_head = shape.head_dim + (s.pad & 15);
+    kv.stride_token = int64_t(shape.n_kv_heads) * kv.stride_head + (s.pad >> 4);
+    if (kv.n_tokens > 0 && !spec.huge && s.page_size > 0 && runnable) {
+      const int64_t n_pages = (kv.n_tokens + s.page_size - 1) / s.page_size;
+      const int64_t phys = n_pages + 1;  // one spare page, and the table walks them backwards
+      kv.page_size = s.page_size;
+      kv.stride_page = kv.page_size * kv.stride_token;
+      store[g].table.resize(size_t(n_pages));
+      for (int64_t p = 0; p < n_pages; ++p) store[g].table[size_t(p)] = int32_t(phys - 1 - p);
+      kv.block_table = store[g].table.data();
+      kv_elements += phys * kv.stride_page;
+    } else if (kv.n_tokens > 0 && runnable) {
+      kv_elements += kv.n_tokens * kv.stride_token;
+    }
+    if (kv_elements > kMaxKvElements) runnable = false;
+    if (kv.n_tokens != 0) {  // empty segments keep null data: allowed
+      kv.k = kDummy;
+      kv.v = kDummy;
+    }
+    views.push_back(kv);
+  }
+  if (!runnable) {
+    for (KvView& kv : views) kv.block_table = nullptr;  // built only: the dummy data has no pages
+  }
+
+  std::vector<std::vector<int>> paths;
+  std::vector<int64_t> n_query;
+  for (const fuzz::SequenceSpec& s : spec.sequences) {
+    paths.emplace_back(s.path.begin(), s.path.end());
+    n_query.push_back(s.n_query);
+  }
+
+  // Built first on the dummy data (the plan never reads K/V), so that memory is only filled for plans worth running.
+  std::optional<Plan> plan;
+  try {
+    plan.emplace(Plan::build(shape, views, paths, n_query, scale));
+  } catch (const Error&) {
+    return 0;
+  }
+  check_invariants(*plan, n_query);
+  if (!runnable) return 0;
+
+  const int64_t d = shape.head_dim;
+  double work = 0;
+  for (int s = 0; s < plan->n_sequences(); ++s)
+    work += double(plan->sequence(s).n_query) * double(plan->sequence(s).n_keys + 1) * shape.n_q_heads * double(d);
+  if (work > kMaxWork) return 0;
+
+  for (size_t g = 0; g < views.size(); ++g) {
+    KvView& kv = views[g];
+    if (kv.n_tokens == 0) continue;
+    const int64_t n = kv.paged() ? (int64_t(store[g].table.size()) + 1) * kv.stride_page : kv.n_tokens * kv.stride_token;
+    fill(store[g], dtype, n, rng);
+    set_data(kv, store[g], dtype);
+  }
+  plan.emplace(Plan::build(shape, views, paths, n_query, scale));  // the same plan on the real data
+
+  const int64_t n_rows = plan->n_rows();
+  std::vector<float> q(size_t(n_rows * shape.n_q_heads * d)), o(q.size(), std::nanf("")),
+      lse(size_t(n_rows * shape.n_q_heads), std::nanf(""));
+  for (float& x : q) x = rng.uniform();
+  cpu::Options opt;
+  opt.n_threads = spec.threads + 1;
+  cpu::attend(*plan, q.data(), o.data(), lse.data(), opt);
+
+  std::vector<double> ref_o(o.size()), ref_lse(lse.size());
+  reference_attention(*plan, q.data(), ref_o.data(), ref_lse.data());
+
+  // f32 scores carry an absolute error that grows with their size: |q| <= 1, |k| <= 1, so |score| <= |scale| d.
+  const double score_bound = std::fabs(double(plan->scale())) * double(d);
+  const double tol = 2e-4 + 4e-6 * score_bound;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int h = 0; h < shape.n_q_heads; ++h) {
+      const size_t l = size_t(r * shape.n_q_heads + h);
+      const double want = ref_lse[l], got = lse[l];
+      if (std::isinf(want)) {
+        if (!(std::isinf(got) && got < 0)) fail("lse of a row that sees nothing", got, want, r, h, -1);
+      } else if (!(std::fabs(got - want) <= tol + 1e-6 * std::fabs(want))) {
+        fail("lse", got, want, r, h, -1);
+      }
+      for (int64_t i = 0; i < d; ++i) {
+        const size_t k = l * size_t(d) + size_t(i);
+        if (!(std::fabs(double(o[k]) - ref_o[k]) <= tol + 1e-3 * std::fabs(ref_o[k]))) fail("o", o[k], ref_o[k], r, h, i);
+      }
+    }
+  }
+  return 0;
+}
