@@ -230,6 +230,20 @@ TEST_CASE("generate: --seed reproduces the text; other seeds give other text; --
   CHECK(a.out.back() == '\n');
 }
 
+TEST_CASE("generate: --json escapes bytes that are not valid UTF-8 as \\ufffd") {
+  require_model();
+  // Greedy after a run of emojis: the first token is the first bytes of an emoji, an incomplete character.
+  const std::string smile = "\xF0\x9F\x99\x82";  // U+1F642
+  const Run r = run_tool(std::string("-m ") + kModel + " -p 'I love emojis: " + smile + smile + smile + smile + smile + smile + "'" +
+                         " --temp 0 -n 1 -np 1 -t 2 --json");
+  REQUIRE(r.rc == 0);
+  INFO(r.out);
+  CHECK(r.out.find("\"text\":\"\\ufffd\\ufffd\"") != std::string::npos);
+  int non_ascii = 0;
+  for (unsigned char c : r.out) non_ascii += c >= 0x80;
+  CHECK(non_ascii == 0);  // nothing but ASCII and escapes in this output
+}
+
 TEST_CASE("generate: bad input gives one error line, nothing on stdout, exit code 1") {
   require_model();
   const std::string m = std::string("-m ") + kModel + " ";
