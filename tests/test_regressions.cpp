@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "cascade/error.hpp"
+#include "cascade/plan.hpp"
+#include "fuzz/plan_input.hpp"
 #include "model/gguf.hpp"
 #include "model/tokenizer.hpp"
 
@@ -23,6 +25,25 @@ const Tokenizer& llama_spm() {
 }
 
 std::string bytes(std::initializer_list<unsigned char> b) { return std::string(b.begin(), b.end()); }
+
+// Plan::build on a fuzz_plan input whose segments are only built, never run (the "huge" flag): contiguous views
+// over a dummy float, as fuzz_plan makes them.
+cascade::Plan build_huge_plan(const std::vector<uint8_t>& input) {
+  const cascade::fuzz::PlanSpec spec = cascade::fuzz::decode_plan(input.data(), input.size());
+  REQUIRE(spec.huge);
+  static const float dummy[1] = {0};
+  const cascade::HeadShape shape{spec.n_q_heads, spec.n_kv_heads, spec.head_dim_value()};
+  std::vector<cascade::KvView> views;
+  for (const cascade::fuzz::SegmentSpec& s : spec.segments)
+    views.push_back(cascade::KvView::contiguous(dummy, dummy, int64_t(s.n_tokens), shape.n_kv_heads, shape.head_dim));
+  std::vector<std::vector<int>> paths;
+  std::vector<int64_t> n_query;
+  for (const cascade::fuzz::SequenceSpec& s : spec.sequences) {
+    paths.emplace_back(s.path.begin(), s.path.end());
+    n_query.push_back(s.n_query);
+  }
+  return cascade::Plan::build(shape, views, paths, n_query);
+}
 
 }  // namespace
 
@@ -43,4 +64,22 @@ TEST_CASE("regression: SentencePiece: a broken UTF-8 lead byte does not swallow 
   for (const std::string& t : {bytes({0xf4, 0x20}), bytes({0xe2, 0x20, 0x96}), bytes({0xc3, 0x20, 0xa9}),
                                bytes({0x20, 0xf0, 0x9f, 0x20}), bytes({0xf0, 0x9f, 0x98, 0x80, 0x20})})
     CHECK(tok.decode(tok.encode(t, true), false) == t);
+}
+
+// fuzz_plan, input 04 08 08 c3 00 02 | 2^62 as u64, 00 00 | 2^62 as u64, 00 00 | 01 01 02 00 01 | 8 zero bytes: one
+// sequence through two segments of 2^62 tokens each. Summing its keys overflowed int64 (UB) inside Plan::build;
+// now the plan is refused with an Error. Fixed in include/cascade/plan.hpp.
+TEST_CASE("regression: plan: a sequence with more keys than int64 holds is refused, not overflowed") {
+  std::vector<uint8_t> input = {0x04, 0x08, 0x08, 0xc3, 0x00, 0x02};
+  for (int seg = 0; seg < 2; ++seg) {
+    for (int k = 0; k < 8; ++k) input.push_back(k == 7 ? 0x40 : 0x00);  // 2^62, little-endian
+    input.insert(input.end(), {0x00, 0x00});
+  }
+  input.insert(input.end(), {0x01, 0x01, 0x02, 0x00, 0x01});
+  input.insert(input.end(), 8, 0x00);
+  CHECK_THROWS_WITH_AS(build_huge_plan(input), doctest::Contains("more keys than int64"), cascade::Error);
+
+  // A total just below 2^63 is still a plan.
+  input[6 + 7] = 0x3f;  // the first segment becomes 2^62 - 2^56 tokens
+  CHECK_NOTHROW(build_huge_plan(input));
 }

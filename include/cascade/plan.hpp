@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,7 @@ class Plan {
       sq.path = paths[s];
       sq.n_query = n_query[s];
       sq.row_begin = row;
+      CASCADE_CHECK(sq.n_query <= kMaxCount - row, "plan: the query rows overflow int64 at sequence ", s);
       row += sq.n_query;
       int prev = kRoot;
       for (size_t k = 0; k < sq.path.size(); ++k) {
@@ -94,6 +96,8 @@ class Plan {
         CASCADE_CHECK(p.parent_[g] == kUnused || p.parent_[g] == prev, "plan: segment ", g,
                       " has two parents (", p.parent_[g], " and ", prev, "): the paths do not form a tree");
         p.parent_[g] = prev;
+        CASCADE_CHECK(p.segments_[g].n_tokens <= kMaxCount - sq.n_keys, "plan: sequence ", s,
+                      " has more keys than int64 holds");
         sq.n_keys += p.segments_[g].n_tokens;
         prev = g;
       }
@@ -155,6 +159,8 @@ class Plan {
   static constexpr int kUnused = -2;
 
  private:
+  static constexpr int64_t kMaxCount = std::numeric_limits<int64_t>::max();
+
   HeadShape shape_;
   float scale_ = 1.0f;
   int64_t n_rows_ = 0;
