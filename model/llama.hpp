@@ -114,8 +114,10 @@ class Model {
 };
 
 // Y (n, W.n_out) = X (n, W.n_in) W^T, row-major; the output rows of W are split across the current
-// oneTBB arena's threads. Quantized W: few rows (decode) take a fused dequantize-and-dot over all rows of
-// X at once (each block is read once per step); many rows (prefill) dequantize tiles of W for Eigen.
+// oneTBB arena's threads. Eigen runs single-threaded inside each block: the project builds without OpenMP,
+// so Eigen::setNbThreads has no effect, and nesting Eigen's threads under oneTBB's would oversubscribe.
+// Quantized W: few rows (decode) take a fused dequantize-and-dot over all rows of X at once (each block is
+// read once per step); many rows (prefill) dequantize tiles of W for Eigen.
 void linear(const Linear& W, const float* X, int64_t n, float* Y);
 
 }  // namespace llama
