@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cascade/error.hpp"
+#include "model/generate.hpp"
 #include "model/gguf.hpp"
 #include "model/kv_cache.hpp"
 #include "model/llama.hpp"
@@ -543,6 +544,39 @@ TEST_CASE("llama: errors name the architecture, key or tensor at fault") {
     t.bytes = w.to_bytes();
     CHECK(load_error(t).find("llama.block_count") != std::string::npos);
   }
+}
+
+TEST_CASE("llama: generate() with more than 64 sequences (several mask words) agrees across methods") {
+  const Tiny t = make_tiny(Spec{}, 5);
+  const gguf::File file = gguf::File::from_bytes(t.bytes, "tiny.gguf");
+  const llama::Model model = llama::Model::load(file);
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3, 4, 5, 6}, {1, 2, 3, 9}, {7}};
+  GenerateParams gp;
+  gp.n_predict = 4;
+  gp.n_parallel = 25;  // 75 sequences
+  gp.sampling.temp = 1.0f;
+  gp.sampling.top_k = 0;
+  gp.sampling.top_p = 1.0f;
+  gp.sampling.min_p = 0.0f;
+  gp.sampling.seed = 11;
+  gp.kv_dtype = DType::f32;
+  std::vector<GenerateResult> r;
+  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified}) {
+    gp.attn = m;
+    r.push_back(generate(model, prompts, gp, [](int32_t) { return false; }));
+  }
+  REQUIRE(r[0].sequences.size() == 75);
+  int differ = 0;
+  for (int s = 0; s < 75; ++s) {
+    CAPTURE(s);
+    CHECK(r[0].sequences[s].tokens.size() == 4);
+    CHECK(r[1].sequences[s].tokens == r[0].sequences[s].tokens);
+    CHECK(r[2].sequences[s].tokens == r[0].sequences[s].tokens);
+    differ += s > 0 && r[0].sequences[s].tokens != r[0].sequences[0].tokens;
+  }
+  CHECK(differ > 0);
+  CHECK(r[0].n_prompt_stored == 3 + 3 + 1 + 1);  // [1 2 3] shared, [4 5 6], [9], [7]
+  CHECK(r[0].n_prompt_tokens == 11);
 }
 
 TEST_CASE("llama: KV cache rejects a step at the wrong position and unknown methods") {
