@@ -10,7 +10,7 @@
 // parse_special, bit 6 render_special, bit 7: the rest is token ids, 3 bytes each, not text).
 // Checked: encode never throws and yields ids inside the vocabulary; decode of such ids never throws; decode
 // of ids outside it throws cascade::Error and nothing else; text round-trips through encode and decode where
-// the tokenizer promises it (SentencePiece: any bytes; byte-level BPE with every byte token: valid UTF-8).
+// the tokenizer promises it (SentencePiece: any bytes without U+2581; byte-level BPE with every byte token: valid UTF-8).
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -136,7 +136,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)tok.token_id(rest);
   if (e.round_trips && !parse_special && !render_special) {
     const bool spm = tok.vocab().model == "llama";
-    if ((spm || valid_utf8(rest)) && tok.decode(tok.encode(rest, true, false), false) != rest)
+    // SentencePiece writes spaces as U+2581, so a U+2581 in the text comes back as a space.
+    const bool has_space_mark = rest.find("\xe2\x96\x81") != std::string_view::npos;
+    if (((spm && !has_space_mark) || (!spm && valid_utf8(rest))) &&
+        tok.decode(tok.encode(rest, true, false), false) != rest)
       fail(e, "decode(encode(text)) differs from the text", rest);
   }
   return 0;
