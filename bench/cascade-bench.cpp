@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cascade/auto.hpp"
 #include "cascade/cascade.hpp"
 #include "machine.hpp"
 
@@ -88,7 +89,8 @@ void usage() {
       "                      llama3.2-1b (32/8/64), llama2-7b (32/32/128), qwen2.5-7b (28/4/128), mistral-7b\n"
       "  --heads Q/KV/D      explicit query heads / KV heads / head dim\n"
       "  --kv-dtype LIST     f32, f16, bf16 (default f16)\n"
-      "  --method LIST       cascade, split, unified (default all three)\n"
+      "  --method LIST       cascade, split, unified, auto (default: the first three). auto: the plan\n"
+      "                      auto.hpp chooses per segment from a cost model calibrated once per thread count\n"
       "  --threads LIST      threads (0 = all; default 0)\n"
       "  --reps N            timed repetitions (default 5), --warmup N (default 1)\n"
       "  --no-flush          keep caches warm between repetitions\n"
@@ -142,8 +144,8 @@ Args parse_args(int argc, char** argv) {
     } else if (f == "--method") {
       a.methods = split_list(value());
       for (const auto& m : a.methods)
-        if (m != "cascade" && m != "split" && m != "unified")
-          die("--method: unknown method '" + m + "' (cascade, split, unified)");
+        if (m != "cascade" && m != "split" && m != "unified" && m != "auto")
+          die("--method: unknown method '" + m + "' (cascade, split, unified, auto)");
     } else if (f == "--threads") {
       a.threads.clear();
       for (auto t : parse_int_list(f, value(), 0, 1024)) a.threads.push_back(int(t));
@@ -318,6 +320,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<bench::CacheFlusher> flusher;
   if (a.flush) flusher = std::make_unique<bench::CacheFlusher>();
   std::map<int, std::pair<double, double>> limits;  // threads -> (bytes/s, flop/s)
+  std::map<int, cascade::CostModel> models;         // threads -> auto's cost model
   try {
     for (int thr_req : a.threads) {
       const int thr = thr_req > 0 ? std::min(thr_req, tbb::info::default_concurrency())
@@ -357,6 +360,19 @@ int main(int argc, char** argv) {
                 if (m == "cascade") {
                   r.bytes_read = base.min_bytes;
                   ms = time_reps(a, flusher.get(), [&] { cascade::cpu::attend(prob->plan, prob->q.data(), o.data(), nullptr, opt); });
+                } else if (m == "auto") {
+                  if (!models.count(thr)) models[thr] = cascade::calibrate(thr);
+                  cascade::AutoChoice why;
+                  const cascade::Plan plan = cascade::choose_plan(prob->plan, models[thr], &why);
+                  const int folded = int(std::count_if(why.segments.begin(), why.segments.end(),
+                                                       [](const cascade::SegmentChoice& c) { return !c.shared; }));
+                  r.bytes_read = base.min_bytes + (why.segments.empty() || why.segments[0].shared
+                                                       ? 0.0
+                                                       : kv_token_bytes * double(B - 1) * double(P));
+                  std::fprintf(stderr, "  auto: %s (%d of %d segments folded; predicted %.3f ms, tree %.3f ms)\n",
+                               why.changed ? "regrouped" : "the tree as given", folded, int(why.segments.size()),
+                               1e3 * why.chosen_s, 1e3 * why.tree_s);
+                  ms = time_reps(a, flusher.get(), [&] { cascade::cpu::attend(plan, prob->q.data(), o.data(), nullptr, opt); });
                 } else if (m == "split") {
                   const cascade::SplitLayout split = cascade::make_split(prob->plan);
                   r.bytes_read = kv_token_bytes * double(B) * double(P + t) + qo_bytes;
