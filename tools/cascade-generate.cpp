@@ -3,7 +3,7 @@
 //
 //   cascade-generate [-m MODEL.gguf] [-p TEXT | -f FILE] [-n N] [-np N] [-c N] [-t N] [-b N] [--temp T]
 //                    [--top-k K] [--top-p P] [--min-p P] [-s SEED] [--attn cascade|split|unified]
-//                    [--kv-type f16|f32] [--chat] [--stats-every N] [--json]
+//                    [--kv-type f16|f32] [--chat] [--ignore-eos] [--stats-every N] [--json]
 //
 // stdout: each sequence's text (or, with --json, one JSON object). stderr: progress, the periodic
 // `decode[STEP]: X ms, avg Y ms` lines and the final timings. Any problem: exactly one line
@@ -56,6 +56,7 @@ constexpr const char* kUsage =
     "  --attn METHOD         cascade (default), split or unified\n"
     "  --kv-type TYPE        K/V storage: f16 (default) or f32\n"
     "  --chat                wrap each prompt in the model's chat template as a user message\n"
+    "  --ignore-eos          keep generating past end-of-generation tokens (fixed-length runs for timing)\n"
     "  --stats-every N       print the decode step time every N steps (default 0: off)\n"
     "  --json                print one JSON object on stdout instead of the texts\n";
 
@@ -65,6 +66,7 @@ struct Options {
   cascade::GenerateParams gen;
   bool random_seed = true;
   bool chat = false;
+  bool ignore_eos = false;
   bool json = false;
   int stats_every = 0;
 };
@@ -145,6 +147,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
       o.gen.kv_dtype = cascade::parse_dtype(v);
     } else if (a == "--chat") {
       o.chat = true;
+    } else if (a == "--ignore-eos") {
+      o.ignore_eos = true;
     } else if (a == "--json") {
       o.json = true;
     } else if (a == "--stats-every") {
@@ -273,7 +277,7 @@ int run(int argc, char** argv) {
       std::fprintf(stderr, "decode[%d]: %.1f ms, avg %.1f ms\n", step + 1, st.ms, sum_ms / (step + 1));
   };
   const cascade::GenerateResult r =
-      cascade::generate(model, prompts, o.gen, [&](int32_t id) { return tok.is_eog(id); }, on_step);
+      cascade::generate(model, prompts, o.gen, [&](int32_t id) { return !o.ignore_eos && tok.is_eog(id); }, on_step);
 
   double decode_ms = 0, decode_attn_ms = 0, share_sum = 0;
   for (const cascade::StepStat& st : r.steps) {
