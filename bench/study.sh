@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The study: what attending over other sequences' tokens (unified cache + mask) costs against cascade and
+# split per-sequence streams, and where a shared prefix stops paying. One command regenerates everything:
+#
+#   bench/study.sh [--quick] OUTDIR
+#
+# OUTDIR/raw/    kernel sweeps (cascade-bench CSV + JSON), decode runs (cascade-generate JSON), machine.txt
+# OUTDIR/fig/    PNG plots (bench/study_plot.py)
+# OUTDIR/summary.md, summary.json   the numbers docs/study.md quotes
+#
+# Default: about 25 minutes on a 2-core machine. --quick (CI smoke test): under 3 minutes, small sweeps, a
+# short decode run, no large model. Needs the build (scripts/test.sh or cmake --build build); CASCADE_BUILD
+# points at another build folder. The random-weight Llama 3.2 1B-shaped model is written to OUTDIR and
+# deleted after its run (it is large and regenerated in seconds).
+set -euo pipefail
+
+quick=0
+out=""
+for a in "$@"; do
+  case "$a" in
+    --quick) quick=1 ;;
+    -h|--help) sed -n 2,14p "$0"; exit 0 ;;
+    -*) echo "study.sh: unknown flag '$a'" >&2; exit 2 ;;
+    *) out="$a" ;;
+  esac
+done
+[ -n "$out" ] || { echo "usage: bench/study.sh [--quick] OUTDIR" >&2; exit 2; }
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="${CASCADE_BUILD:-$root/build}"
+bench="$build/bench/cascade-bench"
+gen="$build/tools/cascade-generate"
+mkrandom="$build/bench/make-random-llama"
+model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+prompt="$root/bench/study_prompt.txt"   # one line, 1,231 tokens with SmolLM2's tokenizer
+
+if [ ! -x "$bench" ] || [ ! -x "$gen" ] || [ ! -x "$mkrandom" ]; then
+  echo "study.sh: building cascade-bench, cascade-generate, make-random-llama in $build" >&2
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$build" -j2 --target cascade-bench cascade-generate make-random-llama >/dev/null
+fi
+[ -f "$model" ] || { echo "study.sh: $model is missing (bash scripts/setup.sh fetches it)" >&2; exit 1; }
+
+mkdir -p "$out/raw" "$out/fig"
+out="$(cd "$out" && pwd)"
+raw="$out/raw"
+t_start=$(date +%s)
+log() { echo "[study $(( $(date +%s) - t_start ))s] $*" >&2; }
+
+# --- the machine -------------------------------------------------------------------------------------
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+  echo "cores: $(nproc)"
+  echo "memory: $(free -g | awk '/Mem:/ {print $2 " GiB"}')"
+  echo "l3: $(getconf LEVEL3_CACHE_SIZE 2>/dev/null || echo unknown) bytes"
+  echo "load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "quick: $quick"
+} > "$raw/machine.txt"
+
+# --- 1. kernel sweeps: one decode step of attention, every method --------------------------------------
+methods="cascade,split,unified,auto"
+sweep() {  # name, then cascade-bench flags
+  local name="$1"; shift
+  log "kernel sweep $name"
+  "$bench" "$@" --method "$methods" -o json > "$raw/kernel-$name.json" 2> "$raw/kernel-$name.log"
+  python3 - "$raw/kernel-$name.json" "$raw/kernel-$name.csv" <<'EOF'
+import csv, json, sys
+rows = json.load(open(sys.argv[1]))
+with open(sys.argv[2], "w", newline="") as f:
+    if rows:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+EOF
+}
+if [ "$quick" = 1 ]; then
+  sweep grid-smollm2-135m --shape smollm2-135m --batch 1,8,32 --prefix 16,1230 --suffix 64 --reps 2
+  sweep suffix --shape smollm2-135m --batch 8 --prefix 1230 --suffix 16,512 --reps 2
+  sweep dtype --shape llama3-8b --batch 8 --prefix 1230 --suffix 64 --kv-dtype f32,f16,bf16 --reps 2
+else
+  for shape in smollm2-135m llama3-8b; do
+    sweep "grid-$shape" --shape "$shape" --batch 1,2,4,8,16,32,64 --prefix 16,64,256,1230,4096 --suffix 128 --reps 5
+  done
+  sweep suffix --shape smollm2-135m --batch 8 --prefix 1230 --suffix 16,128,512,1024,2320 --reps 5
+  sweep suffix-llama3-8b --shape llama3-8b --batch 8 --prefix 1230 --suffix 16,128,512,1024,2320 --reps 3
+  sweep dtype --shape llama3-8b --batch 8,32 --prefix 1230 --suffix 128 --kv-dtype f32,f16,bf16 --reps 5
+fi
+
+# --- 2. the seed's experiment on the runtime ---------------------------------------------------------
+# 8 (and 32) sequences continue one shared 1,231-token prompt; every decode step's time is recorded.
+# High-temperature sampling with no top-k/top-p/min-p cut keeps end-of-generation tokens rare, so the
+# sequences keep decoding; the plots count the sequences still active at every step.
+gen_methods="unified split cascade"
+if "$gen" --help 2>&1 | grep -q "auto"; then gen_methods="$gen_methods auto"; fi
+sampling=(--temp 1.5 --top-k 0 --top-p 1 --min-p 0 -s 42)
+decode() {  # name, model, n_parallel, n_predict
+  local name="$1" m="$2" np="$3" n="$4" attn
+  for attn in $gen_methods; do
+    log "decode $name --attn $attn (-np $np -n $n)"
+    "$gen" -m "$m" -f "$prompt" -np "$np" -n "$n" "${sampling[@]}" --attn "$attn" --json \
+      > "$raw/decode-$name-$attn.json" 2> "$raw/decode-$name-$attn.log"
+  done
+}
+if [ "$quick" = 1 ]; then
+  decode smollm2-135m-np8 "$model" 8 24
+else
+  decode smollm2-135m-np8 "$model" 8 2320
+  decode smollm2-135m-np32 "$model" 32 160
+  # Llama 3.2 1B's dimensions (2048 wide, 32/8 heads of 64, FFN 8192) with random Q8_0 weights. 4 of its
+  # 16 layers: every layer does the same work, so the per-step times are a quarter of the full model's
+  # and the share of attention in a step is the full model's.
+  big="$out/llama3.2-1b-random-4layers.gguf"
+  log "writing $big"
+  "$mkrandom" --vocab-from "$model" --out "$big" --shape llama3.2-1b --layers 4 --type q8_0 2> "$raw/make-random-llama.log"
+  decode llama3.2-1b-4l-np8 "$big" 8 96
+  rm -f "$big"
+fi
+echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$raw/machine.txt"
+echo "seconds: $(( $(date +%s) - t_start ))" >> "$raw/machine.txt"
+
+# --- 3. plots and the summary ------------------------------------------------------------------------
+if ! python3 -c "import matplotlib" 2>/dev/null; then
+  log "installing matplotlib"
+  python3 -m pip install --quiet matplotlib >&2 || true
+fi
+log "plots"
+python3 "$root/bench/study_plot.py" "$out"
+log "done: $out/summary.md, $out/fig/"

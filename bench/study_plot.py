@@ -1,0 +1,378 @@
+#!/usr/bin/env python3
+"""Plots and summary numbers of bench/study.sh's run: python3 bench/study_plot.py OUTDIR
+
+Reads OUTDIR/raw/kernel-*.json (cascade-bench rows) and OUTDIR/raw/decode-*.json (cascade-generate --json),
+writes OUTDIR/fig/*.png, OUTDIR/summary.json and OUTDIR/summary.md. Plots need matplotlib; without it the
+summary is still written and the script says which figures it skipped.
+"""
+import glob
+import json
+import math
+import os
+import re
+import sys
+
+METHODS = ["unified", "split", "cascade", "auto"]
+COLORS = {"unified": "tab:red", "split": "tab:orange", "cascade": "tab:blue", "auto": "tab:green"}
+
+
+def load_kernel(raw):
+    sweeps = {}
+    for path in sorted(glob.glob(os.path.join(raw, "kernel-*.json"))):
+        name = os.path.basename(path)[len("kernel-"):-len(".json")]
+        with open(path) as f:
+            sweeps[name] = json.load(f)
+    return sweeps
+
+
+def load_decode(raw):
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(raw, "decode-*.json"))):
+        m = re.match(r"decode-(.+)-(unified|split|cascade|auto)\.json$", os.path.basename(path))
+        if not m:
+            continue
+        with open(path) as f:
+            try:
+                d = json.load(f)
+            except json.JSONDecodeError:
+                continue
+        # Sequences active at step i: those that had produced more than i tokens when it ran (the first
+        # token is sampled from the prompt's logits, so decode step i feeds token i).
+        lens = [len(s["tokens"]) + (1 if s["stop"] == "eog" else 0) for s in d["sequences"]]
+        d["active"] = [sum(1 for n in lens if n > i) for i in range(len(d["step_ms"]))]
+        runs.setdefault(m.group(1), {})[m.group(2)] = d
+    return runs
+
+
+def mean(xs):
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def windows(n):
+    """Step windows the seed quotes (around decode 40, 440, 2320), those that exist in an n-step run."""
+    out = []
+    for centre in (40, 440, 2320):
+        if centre <= n:
+            out.append((f"steps {max(0, centre - 20)}-{centre}", max(0, centre - 20), centre))
+    if not out or out[-1][2] < n:
+        out.append((f"last 20 (to {n})", max(0, n - 20), n))
+    if n >= 1 and out[0][1] > 0:
+        out.insert(0, ("first 20", 0, min(20, n)))
+    return out
+
+
+def summarize_decode(runs):
+    summary = {}
+    for name, by in runs.items():
+        n = min(len(d["step_ms"]) for d in by.values())
+        entry = {"n_steps": n, "methods": {}}
+        any_d = next(iter(by.values()))
+        entry["n_parallel"] = any_d["n_parallel"]
+        entry["n_prompt_tokens"] = any_d["n_prompt_tokens"]
+        entry["model"] = os.path.basename(any_d["model"])
+        for meth, d in by.items():
+            e = {"decode_ms": d["decode_ms"], "attn_ms": d["attn_ms"], "kv_bytes": d["kv_bytes"],
+                 "prompt_ms": d["prompt_ms"], "min_active": min(d["active"][:n]) if n else 0, "windows": {}}
+            for label, a, b in windows(n):
+                e["windows"][label] = {"step_ms": mean(d["step_ms"][a:b]), "attn_ms": mean(d["step_attn_ms"][a:b])}
+            entry["methods"][meth] = e
+        summary[name] = entry
+    return summary
+
+
+def key(r):
+    return (r["n_q_heads"], r["n_kv_heads"], r["head_dim"], r["kv_dtype"], r["batch"], r["prefix"], r["suffix"],
+            r["threads"])
+
+
+def by_config(rows):
+    cfg = {}
+    for r in rows:
+        cfg.setdefault(key(r), {})[r["method"]] = r
+    return cfg
+
+
+def summarize_kernel(sweeps):
+    out = {}
+    for name, rows in sweeps.items():
+        cfgs = by_config(rows)
+        items = []
+        for k, ms in sorted(cfgs.items()):
+            it = {"heads": f"{k[0]}/{k[1]}/{k[2]}", "kv_dtype": k[3], "batch": k[4], "prefix": k[5], "suffix": k[6],
+                  "median_ms": {m: ms[m]["median_ms"] for m in ms},
+                  "fraction": {m: ms[m]["fraction"] for m in ms},
+                  "limit_ms": next(iter(ms.values()))["limit_ms"]}
+            best = min(v for m, v in it["median_ms"].items() if m in ("cascade", "split"))
+            it["best_of_cascade_split_ms"] = best
+            if "unified" in ms:
+                it["unified_over_best"] = it["median_ms"]["unified"] / best
+            if "cascade" in ms and "split" in ms:
+                it["split_over_cascade"] = it["median_ms"]["split"] / it["median_ms"]["cascade"]
+            if "cascade" in ms and "unified" in ms:
+                it["unified_over_cascade"] = it["median_ms"]["unified"] / it["median_ms"]["cascade"]
+            if "auto" in ms:
+                it["auto_over_best"] = it["median_ms"]["auto"] / best
+                it["best_over_auto"] = best / it["median_ms"]["auto"]
+            items.append(it)
+        out[name] = items
+    return out
+
+
+def crossovers(kernel):
+    """Per grid sweep and batch: the smallest prefix from which cascade beats split by 5% or more, and the
+    worst / best of auto against the better of cascade and split."""
+    res = {}
+    for name, items in kernel.items():
+        if not name.startswith("grid-"):
+            continue
+        per_b = {}
+        for it in items:
+            per_b.setdefault(it["batch"], []).append(it)
+        rows = []
+        for b, its in sorted(per_b.items()):
+            its.sort(key=lambda x: x["prefix"])
+            wins = [x["prefix"] for x in its if x.get("split_over_cascade", 0) >= 1.05]
+            uni = [x["prefix"] for x in its if x.get("unified_over_cascade", 0) >= 1.05]
+            rows.append({"batch": b, "cascade_beats_split_from_prefix": wins[0] if wins else None,
+                         "cascade_beats_unified_from_prefix": uni[0] if uni else None,
+                         "prefixes": [x["prefix"] for x in its]})
+        autos = [x["auto_over_best"] for x in items if "auto_over_best" in x]
+        res[name] = {"per_batch": rows, "auto_over_best_max": max(autos) if autos else None,
+                     "auto_over_best_mean": mean(autos) if autos else None}
+    return res
+
+
+def fmt(x, p=2):
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{p}f}"
+
+
+def write_md(path, machine, dec, kernel, cross):
+    L = ["# Study summary (generated by bench/study_plot.py)", "", "```", machine.strip(), "```", ""]
+    for name, e in dec.items():
+        L.append(f"## decode: {name} ({e['model']}, {e['n_parallel']} sequences, {e['n_prompt_tokens']}-token prompt,"
+                 f" {e['n_steps']} steps)")
+        L.append("")
+        meths = [m for m in METHODS if m in e["methods"]]
+        labels = list(next(iter(e["methods"].values()))["windows"].keys())
+        L.append("| window | " + " | ".join(f"{m} step ms (attn ms)" for m in meths) + " | unified/cascade step |"
+                 " split/cascade step | unified/cascade attn |")
+        L.append("|---" * (len(meths) + 4) + "|")
+        for lab in labels:
+            w = {m: e["methods"][m]["windows"][lab] for m in meths}
+            c = w.get("cascade")
+            def ratio(m, f):
+                return fmt(w[m][f] / c[f]) if c and m in w and c[f] > 0 else "-"
+            L.append(f"| {lab} | " + " | ".join(f"{w[m]['step_ms']:.1f} ({w[m]['attn_ms']:.1f})" for m in meths) +
+                     f" | {ratio('unified', 'step_ms')} | {ratio('split', 'step_ms')} | {ratio('unified', 'attn_ms')} |")
+        L.append("")
+        L.append("| method | decode s | attention s | K/V MiB at end | fewest active sequences |")
+        L.append("|---|---|---|---|---|")
+        for m in meths:
+            x = e["methods"][m]
+            L.append(f"| {m} | {x['decode_ms'] / 1e3:.1f} | {x['attn_ms'] / 1e3:.1f} | {x['kv_bytes'] / 2**20:.1f} |"
+                     f" {x['min_active']} |")
+        L.append("")
+    for name, items in kernel.items():
+        L.append(f"## kernel sweep: {name}")
+        L.append("")
+        L.append("| heads | kv | B | P | t | unified ms | split ms | cascade ms | auto ms | limit ms | "
+                 "unified/best | split/cascade | auto/best | cascade of limit |")
+        L.append("|---" * 14 + "|")
+        for it in items:
+            ms = it["median_ms"]
+            L.append(f"| {it['heads']} | {it['kv_dtype']} | {it['batch']} | {it['prefix']} | {it['suffix']} | "
+                     f"{fmt(ms.get('unified'), 3)} | {fmt(ms.get('split'), 3)} | {fmt(ms.get('cascade'), 3)} | "
+                     f"{fmt(ms.get('auto'), 3)} | {fmt(it['limit_ms'], 3)} | {fmt(it.get('unified_over_best'))} | "
+                     f"{fmt(it.get('split_over_cascade'))} | {fmt(it.get('auto_over_best'))} | "
+                     f"{fmt(100 * it['fraction'].get('cascade', float('nan')), 0)}% |")
+        L.append("")
+    for name, c in cross.items():
+        L.append(f"## crossovers: {name}")
+        L.append("")
+        L.append("| B | cascade beats split (>=5%) from P | cascade beats unified (>=5%) from P |")
+        L.append("|---|---|---|")
+        for r in c["per_batch"]:
+            L.append(f"| {r['batch']} | {r['cascade_beats_split_from_prefix'] or 'never in ' + str(r['prefixes'])} | "
+                     f"{r['cascade_beats_unified_from_prefix'] or 'never in ' + str(r['prefixes'])} |")
+        L.append("")
+        L.append(f"auto / best of (cascade, split): mean {fmt(c['auto_over_best_mean'])}, worst "
+                 f"{fmt(c['auto_over_best_max'])}")
+        L.append("")
+    with open(path, "w") as f:
+        f.write("\n".join(L) + "\n")
+
+
+def rolling(xs, w):
+    if w <= 1:
+        return xs
+    out, acc = [], 0.0
+    for i, x in enumerate(xs):
+        acc += x
+        if i >= w:
+            acc -= xs[i - w]
+        out.append(acc / min(i + 1, w))
+    return out
+
+
+def plots(out, runs, sweeps, kernel):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    # Step time and attention time against step, per decode run.
+    for name, by in runs.items():
+        fig, axes = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+        n = max(len(d["step_ms"]) for d in by.values())
+        w = max(1, n // 60)
+        for m in METHODS:
+            if m not in by:
+                continue
+            d = by[m]
+            xs = list(range(1, len(d["step_ms"]) + 1))
+            axes[0].plot(xs, rolling(d["step_ms"], w), label=m, color=COLORS[m], lw=1.3)
+            axes[1].plot(xs, rolling(d["step_attn_ms"], w), label=m, color=COLORS[m], lw=1.3)
+        d0 = next(iter(by.values()))
+        axes[0].set_title(f"{name}: {d0['n_parallel']} sequences, {d0['n_prompt_tokens']}-token shared prompt"
+                          + (f" (mean of {w} steps)" if w > 1 else ""))
+        axes[0].set_ylabel("decode step (ms)")
+        axes[1].set_ylabel("attention in the step (ms)")
+        axes[1].set_xlabel("decode step")
+        for ax in axes:
+            ax.grid(alpha=0.3)
+            ax.set_ylim(bottom=0)
+            ax.legend()
+        act = d0["active"]
+        if act and min(act) < max(act):
+            ax2 = axes[0].twinx()
+            ax2.plot(range(1, len(act) + 1), act, color="gray", ls=":", lw=1)
+            ax2.set_ylabel("active sequences (dotted)")
+            ax2.set_ylim(0, max(act) * 1.1)
+        fig.tight_layout()
+        p = os.path.join(out, "fig", f"decode-{name}.png")
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        made.append(p)
+
+    # Speedup heatmaps of cascade over unified and over split, prefix x batch.
+    for name, items in kernel.items():
+        if not name.startswith("grid-"):
+            continue
+        bs = sorted({it["batch"] for it in items})
+        ps = sorted({it["prefix"] for it in items})
+        look = {(it["batch"], it["prefix"]): it for it in items}
+        panels = [("unified_over_cascade", "cascade speedup over unified"),
+                  ("split_over_cascade", "cascade speedup over split"),
+                  ("best_over_auto", "best of (cascade, split) / auto: 1 = auto as fast as the better")]
+        fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+        for ax, (field, title) in zip(axes, panels):
+            grid = [[look.get((b, p), {}).get(field, float("nan")) for b in bs] for p in ps]
+            lg = [[math.log2(v) if v == v and v > 0 else float("nan") for v in row] for row in grid]
+            im = ax.imshow(lg, cmap="RdBu", vmin=-3, vmax=3, origin="lower", aspect="auto")
+            for i, row in enumerate(grid):
+                for j, v in enumerate(row):
+                    if v == v:
+                        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8)
+            ax.set_xticks(range(len(bs)), [str(b) for b in bs])
+            ax.set_yticks(range(len(ps)), [str(p) for p in ps])
+            ax.set_xlabel("batch B (sequences)")
+            ax.set_title(title, fontsize=10)
+        axes[0].set_ylabel("shared prefix P (tokens)")
+        fig.colorbar(im, ax=axes, label="log2 of the ratio (blue: > 1)", shrink=0.8)
+        it0 = items[0]
+        fig.suptitle(f"{name}: heads {it0['heads']}, {it0['kv_dtype']} K/V, {it0['suffix']} own tokens per sequence")
+        p = os.path.join(out, "fig", f"kernel-speedup-{name[len('grid-'):]}.png")
+        fig.savefig(p, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        made.append(p)
+
+        # Fraction of the machine's limit reached, against batch, one panel per prefix.
+        fig, axes = plt.subplots(1, len(ps), figsize=(3.4 * len(ps), 3.6), sharey=True)
+        axes = axes if len(ps) > 1 else [axes]
+        for ax, pr in zip(axes, ps):
+            for m in METHODS:
+                ys = [look[(b, pr)]["fraction"].get(m, float("nan")) if (b, pr) in look else float("nan") for b in bs]
+                ax.plot(bs, [100 * y for y in ys], marker="o", ms=3, label=m, color=COLORS[m])
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"P = {pr}")
+            ax.set_xlabel("B")
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("% of the machine's limit")
+        axes[0].legend(fontsize=8)
+        fig.suptitle(f"{name}: limit = max(minimum bytes / read bandwidth, minimum FLOPs / matrix rate)")
+        fig.tight_layout()
+        p = os.path.join(out, "fig", f"kernel-fraction-{name[len('grid-'):]}.png")
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        made.append(p)
+
+    # Time against own tokens per sequence (the seed's growth), and dtype bars.
+    sfx = [n for n in kernel if n.startswith("suffix")]
+    if sfx:
+        fig, axes = plt.subplots(1, len(sfx), figsize=(6 * len(sfx), 4))
+        axes = axes if len(sfx) > 1 else [axes]
+        for ax, name in zip(axes, sfx):
+            items = kernel[name]
+            ts = [it["suffix"] for it in items]
+            for m in METHODS:
+                ax.plot(ts, [it["median_ms"].get(m, float("nan")) for it in items], marker="o", label=m, color=COLORS[m])
+            ax.plot(ts, [it["limit_ms"] for it in items], ls="--", color="black", label="machine limit")
+            it0 = items[0]
+            ax.set_title(f"{name}: heads {it0['heads']}, B={it0['batch']}, P={it0['prefix']}")
+            ax.set_xlabel("own tokens per sequence t")
+            ax.set_ylabel("attention, one decode step (ms)")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        p = os.path.join(out, "fig", "kernel-suffix.png")
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        made.append(p)
+    if "dtype" in kernel:
+        items = kernel["dtype"]
+        labels = [f"{it['kv_dtype']} B={it['batch']}" for it in items]
+        fig, ax = plt.subplots(figsize=(9, 4))
+        width = 0.2
+        for i, m in enumerate(METHODS):
+            ax.bar([j + (i - 1.5) * width for j in range(len(items))],
+                   [it["median_ms"].get(m, 0) for it in items], width, label=m, color=COLORS[m])
+        ax.set_xticks(range(len(items)), labels)
+        ax.set_ylabel("attention, one decode step (ms)")
+        it0 = items[0]
+        ax.set_title(f"K/V dtype: heads {it0['heads']}, P={it0['prefix']}, t={it0['suffix']}")
+        ax.legend()
+        ax.grid(alpha=0.3, axis="y")
+        fig.tight_layout()
+        p = os.path.join(out, "fig", "kernel-dtype.png")
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        made.append(p)
+    return made
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    out = sys.argv[1]
+    raw = os.path.join(out, "raw")
+    os.makedirs(os.path.join(out, "fig"), exist_ok=True)
+    sweeps, runs = load_kernel(raw), load_decode(raw)
+    kernel = summarize_kernel(sweeps)
+    dec = summarize_decode(runs)
+    cross = crossovers(kernel)
+    machine = open(os.path.join(raw, "machine.txt")).read() if os.path.exists(os.path.join(raw, "machine.txt")) else ""
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump({"decode": dec, "kernel": kernel, "crossovers": cross}, f, indent=1)
+    write_md(os.path.join(out, "summary.md"), machine, dec, kernel, cross)
+    try:
+        made = plots(out, runs, sweeps, kernel)
+        print(f"study_plot: {len(made)} figures in {os.path.join(out, 'fig')}", file=sys.stderr)
+    except ImportError:
+        print("study_plot: matplotlib is missing: summary written, figures skipped", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
