@@ -2,6 +2,7 @@
 // methods give the same greedy text, prompts sharing a beginning share it, and cascade-generate's seeds, chat
 // mode and bad-input handling.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <sys/wait.h>
 
@@ -58,14 +59,19 @@ struct Run {
 
 // Runs the tool with args (already shell-quoted), capturing stdout and stderr.
 Run run_tool(const std::string& args) {
+  // One pair of files per call: ctest runs the suite's cases in parallel processes.
+  static int n_calls = 0;
   const std::string dir = CASCADE_BINARY_DIR "/tests";
-  const std::string out = dir + "/gen_out.txt", err = dir + "/gen_err.txt";
+  const std::string tag = std::to_string(getpid()) + "_" + std::to_string(n_calls++);
+  const std::string out = dir + "/gen_out_" + tag + ".txt", err = dir + "/gen_err_" + tag + ".txt";
   const std::string cmd = kTool + " " + args + " >" + out + " 2>" + err;
   const int st = std::system(cmd.c_str());
   Run r;
   r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
   r.out = read_file(out);
   r.err = read_file(err);
+  std::remove(out.c_str());
+  std::remove(err.c_str());
   return r;
 }
 
@@ -213,7 +219,7 @@ TEST_CASE("generate: a chat prompt gives coherent English") {
   CHECK(r.err.find("prompt eval time =") != std::string::npos);
 }
 
-TEST_CASE("generate: --seed reproduces the text; other seeds give other text; --json is well formed") {
+TEST_CASE("generate: --seed reproduces the text, other seeds give other text, --json is well formed") {
   require_model();
   const std::string base = std::string("-m ") + kModel + " -p 'My favourite animal is' --temp 1 -n 16 -np 2 -t 2 --json";
   const Run a = run_tool(base + " -s 123"), b = run_tool(base + " -s 123"), c = run_tool(base + " -s 124");

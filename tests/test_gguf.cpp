@@ -288,7 +288,7 @@ TEST_CASE("gguf: writer to reader: tensors of several types, data identical") {
   }
 }
 
-TEST_CASE("gguf: open() maps a written file; a moved File keeps its views") {
+TEST_CASE("gguf: open() maps a written file, a moved File keeps its views") {
   const std::string path = std::string(CASCADE_BINARY_DIR) + "/test_gguf_" + std::to_string(getpid()) + ".gguf";
   Writer w;
   w.set_string("general.architecture", "llama");
@@ -358,7 +358,7 @@ TEST_CASE("gguf: reject: bad magic") {
   CHECK_REJECTS(std::vector<uint8_t>({'G', 'G', 'M', 'L', 3, 0, 0, 0}), "magic");
 }
 
-TEST_CASE("gguf: reject: version 1, 0 and above 3; big-endian files") {
+TEST_CASE("gguf: reject: version 1, 0 and above 3, big-endian files") {
   for (uint32_t v : {1u, 0u, 4u, 0xFFFFFFFFu}) {
     auto b = small_file();
     poke(b, 4, v);

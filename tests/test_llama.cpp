@@ -408,7 +408,7 @@ TEST_CASE("llama: Q8_0 weights (mixed with f32), untied output, u64 counts, expl
   }
 }
 
-TEST_CASE("llama: Q4_1 weights kept quantized or dequantized at load; a prefill long enough for the tiled path") {
+TEST_CASE("llama: Q4_1 weights kept quantized or dequantized at load, a prefill long enough for the tiled path") {
   Spec s;
   s.q4_1 = true;
   const Tiny t = make_tiny(s, 4);
@@ -427,7 +427,7 @@ TEST_CASE("llama: Q4_1 weights kept quantized or dequantized at load; a prefill 
   }
 }
 
-TEST_CASE("llama: f16 cache within the f16 tolerance; no GQA when head_count_kv is absent") {
+TEST_CASE("llama: f16 cache within the f16 tolerance, no GQA when head_count_kv is absent") {
   Spec s;
   s.write_head_count_kv = false;
   s.n_head_kv = s.n_head;

@@ -137,7 +137,7 @@ TEST_CASE("sampler: temperature sharpens and flattens as softmax(logits / T)") {
   }
 }
 
-TEST_CASE("sampler: same seed and stream give the same draws; other seeds or streams differ") {
+TEST_CASE("sampler: same seed and stream give the same draws, other seeds or streams differ") {
   SamplerParams p;
   p.temp = 1;
   p.top_k = 0;

@@ -237,7 +237,7 @@ TEST_CASE("tokenizer: SmolLM2: random text round-trips") {
   }
 }
 
-TEST_CASE("tokenizer: SmolLM2: random bytes never throw; invalid bytes become U+FFFD") {
+TEST_CASE("tokenizer: SmolLM2: random bytes never throw, invalid bytes become U+FFFD") {
   const Tokenizer& tok = smollm();
   std::mt19937 rng(99);
   for (int trial = 0; trial < 300; ++trial) {
