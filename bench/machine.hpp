@@ -36,7 +36,7 @@ class CacheFlusher {
     tbb::parallel_for(tbb::blocked_range<size_t>(0, buf_.size(), 1 << 16), [&](const tbb::blocked_range<size_t>& r) {
       sums.local() += Eigen::Map<const Eigen::ArrayXf>(buf_.data() + r.begin(), Eigen::Index(r.size())).sum();
     });
-    sink_ += sums.combine([](float a, float b) { return a + b; });
+    sink_ = sink_ + sums.combine([](float a, float b) { return a + b; });
   }
 
  private:
