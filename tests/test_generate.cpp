@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -284,4 +285,91 @@ TEST_CASE("generate: bad input gives one error line, nothing on stdout, exit cod
     CHECK(count_lines(r.err) == 1);
     CHECK(r.err.rfind("cascade-generate: error: ", 0) == 0);
   }
+}
+
+namespace {
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// Writes bytes to a fresh file under the build folder and returns its path.
+std::string write_temp(const std::string& name, const std::string& bytes) {
+  const std::string path = std::string(CASCADE_BINARY_DIR "/tests/") + std::to_string(getpid()) + "_" + name;
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+// The real model with the first occurrence of `from` after `anchor` replaced by `to` (same length).
+std::string patched_model(const std::string& anchor, const std::string& from, const std::string& to) {
+  REQUIRE(from.size() == to.size());
+  std::string bytes = read_bytes(kModel);
+  const size_t a = bytes.find(anchor);
+  REQUIRE(a != std::string::npos);
+  const size_t at = bytes.find(from, a + anchor.size());
+  REQUIRE(at != std::string::npos);
+  bytes.replace(at, from.size(), to);
+  return bytes;
+}
+
+// The real model with its chat template's ChatML markers renamed, so the template is of no known format.
+std::string unknown_template_model() {
+  std::string bytes = read_bytes(kModel);
+  const std::string key = "tokenizer.chat_template";
+  const size_t k = bytes.find(key);
+  REQUIRE(k != std::string::npos);
+  uint64_t len = 0;  // the value: u32 type (string), u64 length, bytes
+  std::memcpy(&len, bytes.data() + k + key.size() + 4, 8);
+  const size_t begin = k + key.size() + 12;
+  REQUIRE(begin + len <= bytes.size());
+  for (size_t at = bytes.find("im_start", begin); at != std::string::npos && at < begin + len;
+       at = bytes.find("im_start", at + 1))
+    bytes.replace(at, 8, "im_stxrt");
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("generate: bad files and bad prompts give one error line naming the problem") {
+  require_model();
+  const std::string p = " -p 'Hello' -n 4 -np 1 ";
+  std::string norm_type;  // blk.0.attn_norm.weight's tensor info: n_dims 1, ne0, then type F32 (0) -> I32 (26)
+  {
+    const std::string name = "blk.0.attn_norm.weight";
+    std::string bytes = read_bytes(kModel);
+    const size_t at = bytes.find(name);
+    REQUIRE(at != std::string::npos);
+    const size_t type_at = at + name.size() + 4 + 8;
+    REQUIRE(bytes[type_at] == 0);
+    bytes[type_at] = 26;
+    norm_type = write_temp("i32_norm.gguf", bytes);
+  }
+  struct Case {
+    std::string args, needle;
+  };
+  const std::vector<Case> cases = {
+      {"-m " CASCADE_BINARY_DIR + p, "not a regular file"},
+      {"-m " + write_temp("truncated.gguf", read_bytes(kModel).substr(0, 5000)) + p, "gguf file"},
+      {"-m " + write_temp("text.gguf", "this is not a model\n") + p, "magic"},
+      {"-m " + norm_type + p, "type i32"},
+      {"-m " + write_temp("arch.gguf", patched_model("general.architecture", "llama", "llamb")) + p, "llamb"},
+      {"-m " + write_temp("chat.gguf", unknown_template_model()) +
+           " --chat" + p,
+       "template"},
+      {std::string("-m ") + kModel + " -p \"$(printf 'caf\\303 au lait')\" -n 4", "UTF-8"},
+      {std::string("-m ") + kModel + " -p 'Hello' -np 4096 -n 8000 -c 8192", "K/V cache would need"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.args);
+    const Run r = run_tool(c.args);
+    INFO(r.err);
+    CHECK(r.rc != 0);
+    CHECK(r.rc < 128);
+    CHECK(r.out.empty());
+    CHECK(count_lines(r.err) == 1);
+    CHECK(r.err.find(c.needle) != std::string::npos);
+  }
+  for (const char* name : {"i32_norm.gguf", "truncated.gguf", "text.gguf", "arch.gguf", "chat.gguf"})
+    std::remove((std::string(CASCADE_BINARY_DIR "/tests/") + std::to_string(getpid()) + "_" + name).c_str());
 }

@@ -13,6 +13,7 @@
 // byte that is not part of valid UTF-8 becomes \uFFFD, so the output is always valid JSON and valid UTF-8.
 #include <tbb/info.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -237,6 +238,43 @@ std::string json_number(double v) {
   return buf;
 }
 
+// Bytes of memory the system can still give (MemAvailable), or 0 when it doesn't say.
+uint64_t available_memory() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  uint64_t kib;
+  std::string unit;
+  while (f >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / double(uint64_t(1) << 30));
+  return buf;
+}
+
+// Offset of the first byte that is not part of valid UTF-8, or -1.
+int64_t invalid_utf8_at(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return int64_t(i);
+    uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
+    for (size_t k = 1; k < n; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc >> 6) != 0x2) return int64_t(i);
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    const bool overlong = (n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000);
+    if (overlong || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return int64_t(i);
+    i += n;
+  }
+  return -1;
+}
+
 int run(int argc, char** argv) {
   const std::optional<Options> opt = parse_args(argc, argv);
   if (!opt) {
@@ -245,8 +283,23 @@ int run(int argc, char** argv) {
   }
   const Options& o = *opt;
   const std::vector<std::string> texts = read_prompts(o);
+  for (size_t p = 0; p < texts.size(); ++p) {
+    const int64_t bad = invalid_utf8_at(texts[p]);
+    CASCADE_CHECK(bad < 0, "prompt ", p + 1, " is not valid UTF-8 (byte ", bad, ")");
+  }
   const cascade::gguf::File file = cascade::gguf::File::open(o.model);
   const cascade::Tokenizer tok(cascade::load_vocab(file));
+  const uint64_t avail = available_memory();
+  {
+    // What the weights take once loaded: Q8_0/Q4_1 matrices stay in their blocks, the rest becomes f32.
+    double need = 0;
+    for (const auto& t : file.tensors()) {
+      const bool kept = t.type == cascade::gguf::TensorType::Q8_0 || t.type == cascade::gguf::TensorType::Q4_1;
+      need += kept ? double(t.n_bytes) : 4.0 * double(t.n_elements);
+    }
+    CASCADE_CHECK(avail == 0 || need <= double(avail), "loading the model's weights would need ", gib(need),
+                  ", but only ", gib(double(avail)), " of memory is available");
+  }
   const cascade::llama::Model model = cascade::llama::Model::load(file);
   const int64_t n_ctx = o.gen.n_ctx > 0 ? o.gen.n_ctx : model.hparams().n_ctx_train;
 
@@ -263,6 +316,24 @@ int run(int argc, char** argv) {
     CASCADE_CHECK(int64_t(ids.size()) < n_ctx, "prompt ", p + 1, " has ", ids.size(),
                   " tokens, which leaves no room in the context of ", n_ctx, " (-c)");
     prompts.push_back(std::move(ids));
+  }
+
+  {
+    // The K/V cache at its largest: every prompt token stored (once per sequence for split) plus every token
+    // each sequence may generate, refused before any work starts if the machine can't hold it.
+    const cascade::llama::Hparams& hp = model.hparams();
+    double tokens = 0;
+    for (const auto& ids : prompts) {
+      const double gen = double(std::min<int64_t>(o.gen.n_predict, n_ctx - int64_t(ids.size())));
+      const double stored = o.gen.attn == cascade::AttnMethod::split ? double(o.gen.n_parallel) * double(ids.size())
+                                                                     : double(ids.size());
+      tokens += stored + double(o.gen.n_parallel) * gen;
+    }
+    const double need = tokens * double(hp.n_layer) * 2.0 * double(hp.n_head_kv) * double(hp.head_dim) *
+                        double(cascade::dtype_size(o.gen.kv_dtype));
+    CASCADE_CHECK(avail == 0 || need <= double(avail), "the K/V cache would need ", gib(need), " (",
+                  int64_t(tokens), " tokens x ", hp.n_layer, " layers), but only ", gib(double(avail)),
+                  " of memory is available: lower -np, -n or -c");
   }
 
   // From here on nothing fails on bad input: progress may go to stderr.
