@@ -213,7 +213,7 @@ TEST_CASE("auto: the cost model favours stacking as the prefix grows") {
   CHECK(m.pass_seconds(shape, DType::f16, 100, 0) == 0.0);
 }
 
-TEST_CASE("auto: calibration is quick and gives finite positive rates; profiles round-trip") {
+TEST_CASE("auto: calibration is quick and gives finite positive rates, profiles round-trip") {
   const auto t0 = std::chrono::steady_clock::now();
   const CostModel c = calibrate(0);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
