@@ -8,7 +8,7 @@
 # OUTDIR/fig/    PNG plots (bench/study_plot.py)
 # OUTDIR/summary.md, summary.json   the numbers docs/study.md quotes
 #
-# Default: about 25 minutes on a 2-core machine. --quick (CI smoke test): under 3 minutes, small sweeps, a
+# Default: about 23 minutes on a loaded 2-core machine (docs/study.md). --quick (CI smoke test): under 3 minutes, small sweeps, a
 # short decode run, no large model. Needs the build (scripts/test.sh or cmake --build build); CASCADE_BUILD
 # points at another build folder. The random-weight Llama 3.2 1B-shaped model is written to OUTDIR and
 # deleted after its run (it is large and regenerated in seconds).
@@ -51,11 +51,11 @@ log() { echo "[study $(( $(date +%s) - t_start ))s] $*" >&2; }
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
-  echo "cores: $(nproc)"
-  echo "memory: $(free -g | awk '/Mem:/ {print $2 " GiB"}')"
+  echo "cpu: $( (grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//') 2>/dev/null || echo unknown)"
+  echo "cores: $(nproc 2>/dev/null || echo unknown)"
+  echo "memory: $( (free -g | awk '/Mem:/ {print $2 " GiB"}') 2>/dev/null || echo unknown)"
   echo "l3: $(getconf LEVEL3_CACHE_SIZE 2>/dev/null || echo unknown) bytes"
-  echo "load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "load at start: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)"
   echo "quick: $quick"
 } > "$raw/machine.txt"
 
@@ -90,11 +90,13 @@ fi
 
 # --- 2. the seed's experiment on the runtime ---------------------------------------------------------
 # 8 (and 32) sequences continue one shared 1,231-token prompt; every decode step's time is recorded.
-# High-temperature sampling with no top-k/top-p/min-p cut keeps end-of-generation tokens rare, so the
-# sequences keep decoding; the plots count the sequences still active at every step.
+# --ignore-eos (where the tool has it) keeps every sequence decoding to -n; high-temperature sampling with
+# no top-k/top-p/min-p cut keeps end-of-generation tokens rare otherwise. The plots count the sequences
+# still active at every step.
 gen_methods="unified split cascade"
 if "$gen" --help 2>&1 | grep -q "auto"; then gen_methods="$gen_methods auto"; fi
 sampling=(--temp 1.5 --top-k 0 --top-p 1 --min-p 0 -s 42)
+if "$gen" --help 2>&1 | grep -q -- "--ignore-eos"; then sampling+=(--ignore-eos); fi
 decode() {  # name, model, n_parallel, n_predict
   local name="$1" m="$2" np="$3" n="$4" attn
   for attn in $gen_methods; do
@@ -117,7 +119,7 @@ else
   decode llama3.2-1b-4l-np8 "$big" 8 96
   rm -f "$big"
 fi
-echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$raw/machine.txt"
+echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)" >> "$raw/machine.txt"
 echo "seconds: $(( $(date +%s) - t_start ))" >> "$raw/machine.txt"
 
 # --- 3. plots and the summary ------------------------------------------------------------------------
