@@ -174,6 +174,7 @@ GenerateResult generate(const llama::Model& model, const std::vector<std::vector
     for (int s = 0; s < n_seq; ++s) prompt_leaf[s] = tree.prompt_node[s / params.n_parallel];
     switch (params.attn) {
       case AttnMethod::cascade:
+      case AttnMethod::auto_:
         for (int s = 0; s < n_seq; ++s) seq_id[s] = cache.add_segment(prompt_leaf[s]);
         break;
       case AttnMethod::split:

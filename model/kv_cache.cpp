@@ -13,6 +13,7 @@ const char* attn_method_name(AttnMethod m) {
     case AttnMethod::cascade: return "cascade";
     case AttnMethod::split: return "split";
     case AttnMethod::unified: return "unified";
+    case AttnMethod::auto_: return "auto";
   }
   return "?";
 }
@@ -21,7 +22,8 @@ AttnMethod parse_attn_method(std::string_view s) {
   if (s == "cascade") return AttnMethod::cascade;
   if (s == "split") return AttnMethod::split;
   if (s == "unified") return AttnMethod::unified;
-  detail::fail("unknown attention method '", s, "' (expected cascade, split or unified)");
+  if (s == "auto") return AttnMethod::auto_;
+  detail::fail("unknown attention method '", s, "' (expected cascade, split, unified or auto)");
 }
 
 KvCache::KvCache(int n_layer, const HeadShape& shape, DType dtype, AttnMethod method)
@@ -238,6 +240,11 @@ void KvCache::attend(int il, const float* q, float* o, const cpu::Options& opt) 
   for (const Entry& e : entries_) n_query.push_back(e.n_rows);
   const Plan plan = step_independent_ ? Plan::independent(shape_, std::move(views), n_query)
                                       : Plan::build(shape_, std::move(views), step_paths_, n_query);
+  if (method_ == AttnMethod::auto_) {  // the cascade tree, regrouped where a shared pass does not pay (auto.hpp)
+    if (!cost_) cost_ = calibrate(opt.n_threads);
+    cpu::attend(choose_plan(plan, *cost_), q, o, nullptr, opt);
+    return;
+  }
   cpu::attend(plan, q, o, nullptr, opt);
 }
 

@@ -24,18 +24,20 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
+#include "cascade/auto.hpp"
 #include "cascade/cpu/attention.hpp"
 #include "cascade/dtype.hpp"
 #include "cascade/plan.hpp"
 
 namespace cascade {
 
-enum class AttnMethod { cascade, split, unified };
+enum class AttnMethod { cascade, split, unified, auto_ };
 const char* attn_method_name(AttnMethod m);
-AttnMethod parse_attn_method(std::string_view s);  // "cascade", "split", "unified"; else Error
+AttnMethod parse_attn_method(std::string_view s);  // "cascade", "split", "unified", "auto"; else Error
 
 class KvCache {
  public:
@@ -106,6 +108,7 @@ class KvCache {
   HeadShape shape_;
   DType dtype_;
   AttnMethod method_;
+  std::optional<CostModel> cost_;  // auto: calibrated on the first attend()
   std::vector<Segment> segs_;
 
   // unified layout

@@ -11,6 +11,7 @@
 
 #include "attention_problem.hpp"
 #include "cascade/auto.hpp"
+#include "model/kv_cache.hpp"
 
 using namespace cascade;
 using test::Rng;
@@ -236,4 +237,10 @@ TEST_CASE("auto: calibration is quick and gives finite positive rates, profiles 
   CHECK_THROWS_AS(CostModel::parse("cascade-cost-model 1\nread_bw -3\n"), Error);
   CHECK_THROWS_AS(CostModel::parse("cascade-cost-model 1\nwhat 3\n"), Error);
   CHECK_THROWS_AS(CostModel::load("/nonexistent/dir/profile.txt"), Error);
+}
+
+TEST_CASE("auto: the runtime knows the method by name") {
+  CHECK(parse_attn_method("auto") == AttnMethod::auto_);
+  CHECK(std::string(attn_method_name(AttnMethod::auto_)) == "auto");
+  CHECK_THROWS_AS(parse_attn_method("automatic"), Error);
 }
