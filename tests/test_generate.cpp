@@ -102,7 +102,7 @@ TEST_CASE("generate: greedy continuations are identical with cascade, split and 
   gp.n_parallel = 2;
   gp.sampling.temp = 0;
   std::vector<GenerateResult> res;
-  for (AttnMethod a : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified}) {
+  for (AttnMethod a : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified, AttnMethod::auto_}) {
     gp.attn = a;
     res.push_back(generate(m.model, prompts, gp, [&](int32_t id) { return m.tok.is_eog(id); }));
   }

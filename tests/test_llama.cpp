@@ -332,7 +332,7 @@ void run_scenario(const Tiny& t, AttnMethod method, DType dtype, const Tol& tol,
   std::vector<std::vector<int32_t>> seq_tokens = {prompt_a, prompt_a, prompt_b, prompt_b};
   const std::vector<int> leaf = {na, na, nb, nb};
   std::vector<int> id(n_seq);
-  if (method == AttnMethod::cascade) {
+  if (method == AttnMethod::cascade || method == AttnMethod::auto_) {
     for (int s = 0; s < n_seq; ++s) id[s] = cache.add_segment(leaf[s]);
   } else if (method == AttnMethod::split) {
     for (int s = 0; s < n_seq; ++s) {
@@ -388,7 +388,7 @@ std::string load_error(const Tiny& t) {
 
 TEST_CASE("llama: f32 weights, f32 cache: every logit matches the double reference, all three methods") {
   const Tiny t = make_tiny(Spec{});
-  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified}) {
+  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified, AttnMethod::auto_}) {
     CAPTURE(attn_method_name(m));
     run_scenario(t, m, DType::f32, {1e-4, 1e-4});
   }
@@ -402,7 +402,7 @@ TEST_CASE("llama: Q8_0 weights (mixed with f32), untied output, u64 counts, expl
   s.write_rope_base = true;
   s.rope_base = 500.0f;
   const Tiny t = make_tiny(s, 2);
-  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified}) {
+  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified, AttnMethod::auto_}) {
     CAPTURE(attn_method_name(m));
     run_scenario(t, m, DType::f32, {1e-4, 1e-4});
   }
@@ -418,7 +418,7 @@ TEST_CASE("llama: Q4_1 weights kept quantized or dequantized at load, a prefill 
     CHECK(llama::Model::load(file, false).weights().layers[0].wq.type == TensorType::F32);
     CHECK(llama::Model::load(file).weights().layers[0].ffn_down.type == TensorType::F32);  // 48 is no block multiple
   }
-  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified}) {
+  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified, AttnMethod::auto_}) {
     CAPTURE(attn_method_name(m));
     run_scenario(t, m, DType::f32, {1e-4, 1e-4}, 5);
     run_scenario(t, m, DType::f32, {1e-4, 1e-4}, 30);
@@ -435,7 +435,7 @@ TEST_CASE("llama: f16 cache within the f16 tolerance, no GQA when head_count_kv 
   const gguf::File file = gguf::File::from_bytes(t.bytes, "tiny.gguf");
   CHECK(llama::Model::load(file).hparams().n_head_kv == 4);
   CHECK(llama::Model::load(file).weights().tied);
-  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified}) {
+  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified, AttnMethod::auto_}) {
     CAPTURE(attn_method_name(m));
     run_scenario(t, m, DType::f16, {1e-2, 1e-2});
   }
@@ -561,7 +561,7 @@ TEST_CASE("llama: generate() with more than 64 sequences (several mask words) ag
   gp.sampling.seed = 11;
   gp.kv_dtype = DType::f32;
   std::vector<GenerateResult> r;
-  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified}) {
+  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified, AttnMethod::auto_}) {
     gp.attn = m;
     r.push_back(generate(model, prompts, gp, [](int32_t) { return false; }));
   }

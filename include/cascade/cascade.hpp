@@ -7,8 +7,10 @@
 //   cpu/attention.hpp  running a plan (cascade, split) and the unified baseline on the CPU
 //   layouts.hpp      the split and unified baselines' layouts, built from a plan
 //   reference.hpp    the double-precision reference
+//   auto.hpp         a cost model fitted on the machine, and the per-segment shared/folded choice
 #pragma once
 
+#include "cascade/auto.hpp"
 #include "cascade/cpu/attention.hpp"
 #include "cascade/dtype.hpp"
 #include "cascade/error.hpp"
