@@ -28,15 +28,20 @@
 
 #include "cascade/cuda/attention.cuh"
 
+#include "report.hpp"
+
+[[noreturn]] void bench::die(const std::string& msg) {
+  std::fprintf(stderr, "cascade-bench-cuda: error: %s\n", msg.c_str());
+  std::exit(1);
+}
+
 namespace {
+
+using namespace bench;
 
 using cascade::DType;
 using cascade::HeadShape;
 
-[[noreturn]] void die(const std::string& msg) {
-  std::fprintf(stderr, "cascade-bench-cuda: error: %s\n", msg.c_str());
-  std::exit(1);
-}
 
 #define CHECK_CUDA(call, what) CASCADE_CUDA_CHECK(call, what)
 #define CHECK_CUBLAS(call, what)                                                                  \
@@ -57,37 +62,6 @@ struct Args {
   bool flush = true, graph = false;
 };
 
-int64_t parse_int(const std::string& flag, const std::string& s, int64_t lo, int64_t hi) {
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end || errno) die(flag + ": '" + s + "' is not an integer");
-  if (v < lo || v > hi) die(flag + ": " + s + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return v;
-}
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(item);
-  if (out.empty()) out.push_back("");
-  return out;
-}
-
-std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& s, int64_t lo, int64_t hi) {
-  std::vector<int64_t> out;
-  for (const auto& item : split_list(s)) out.push_back(parse_int(flag, item, lo, hi));
-  return out;
-}
-
-const std::map<std::string, HeadShape>& presets() {
-  static const std::map<std::string, HeadShape> p = {
-      {"smollm2-135m", {9, 3, 64}},   {"llama3-8b", {32, 8, 128}},  {"llama3.2-1b", {32, 8, 64}},
-      {"llama2-7b", {32, 32, 128}},   {"qwen2.5-7b", {28, 4, 128}}, {"mistral-7b", {32, 8, 128}},
-  };
-  return p;
-}
 
 void usage() {
   std::printf(
@@ -178,16 +152,6 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-struct Row {
-  std::string method;
-  int64_t batch, prefix, suffix;
-  HeadShape shape;
-  DType dtype;
-  int threads;
-  double median_ms, mean_ms, stdev_ms, min_ms, max_ms;
-  double min_bytes, min_flops, bytes_read, limit_ms;
-  double bw_gbs, gemm_gflops;
-};
 
 // Device memory, freed on scope exit.
 struct Buffer {
@@ -293,84 +257,8 @@ double measure_tensor_rate(cudaStream_t stream, DType dt) {
   return 2.0 * double(n) * n * n / (median(ms) * 1e-3);
 }
 
-std::string fmt(double x, int prec = 3) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.*f", prec, x);
-  return b;
-}
 
-void print_md(const std::vector<Row>& rows) {
-  std::printf("| method  |   B |      P |      t | heads     | kv   | thr | median ms |     ± ms | limit ms | of limit |\n");
-  std::printf("|---------|----:|-------:|-------:|-----------|------|----:|----------:|---------:|---------:|---------:|\n");
-  for (const Row& r : rows) {
-    const std::string heads = std::to_string(r.shape.n_q_heads) + "/" + std::to_string(r.shape.n_kv_heads) + "/" +
-                              std::to_string(r.shape.head_dim);
-    std::printf("| %-7s | %3lld | %6lld | %6lld | %-9s | %-4s | %3d | %9s | %8s | %8s | %7.1f%% |\n", r.method.c_str(),
-                (long long)r.batch, (long long)r.prefix, (long long)r.suffix, heads.c_str(),
-                cascade::dtype_name(r.dtype), r.threads, fmt(r.median_ms).c_str(), fmt(r.stdev_ms).c_str(),
-                fmt(r.limit_ms).c_str(), 100.0 * r.limit_ms / r.median_ms);
-  }
-  // Speedups of cascade over the baselines measured in the same configuration.
-  bool header = false;
-  for (const Row& c : rows) {
-    if (c.method != "cascade") continue;
-    std::string line;
-    for (const Row& b : rows) {
-      if (b.method == "cascade" || b.batch != c.batch || b.prefix != c.prefix || b.suffix != c.suffix ||
-          b.dtype != c.dtype || b.threads != c.threads)
-        continue;
-      line += "  " + fmt(b.median_ms / c.median_ms, 2) + "x vs " + b.method;
-    }
-    if (line.empty()) continue;
-    if (!header) std::printf("\ncascade speedup (median over median):\n");
-    header = true;
-    std::printf("  B=%lld P=%lld t=%lld %s %d thr:%s\n", (long long)c.batch, (long long)c.prefix, (long long)c.suffix,
-                cascade::dtype_name(c.dtype), c.threads, line.c_str());
-  }
-}
 
-void print_csv(const std::vector<Row>& rows) {
-  std::printf(
-      "method,batch,prefix,suffix,n_q_heads,n_kv_heads,head_dim,kv_dtype,threads,median_ms,mean_ms,stdev_ms,min_ms,"
-      "max_ms,min_bytes,min_flops,bytes_read,limit_ms,fraction,bw_gbs,gemm_gflops\n");
-  for (const Row& r : rows)
-    std::printf("%s,%lld,%lld,%lld,%d,%d,%d,%s,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%.0f,%.0f,%.0f,%.6f,%.6f,%.3f,%.3f\n",
-                r.method.c_str(), (long long)r.batch, (long long)r.prefix, (long long)r.suffix, r.shape.n_q_heads,
-                r.shape.n_kv_heads, r.shape.head_dim, cascade::dtype_name(r.dtype), r.threads, r.median_ms, r.mean_ms,
-                r.stdev_ms, r.min_ms, r.max_ms, r.min_bytes, r.min_flops, r.bytes_read, r.limit_ms,
-                r.limit_ms / r.median_ms, r.bw_gbs, r.gemm_gflops);
-}
-
-void print_json(const std::vector<Row>& rows) {
-  std::printf("[\n");
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    std::printf(
-        "  {\"method\": \"%s\", \"batch\": %lld, \"prefix\": %lld, \"suffix\": %lld, \"n_q_heads\": %d, "
-        "\"n_kv_heads\": %d, \"head_dim\": %d, \"kv_dtype\": \"%s\", \"threads\": %d, \"median_ms\": %.6f, "
-        "\"mean_ms\": %.6f, \"stdev_ms\": %.6f, \"min_ms\": %.6f, \"max_ms\": %.6f, \"min_bytes\": %.0f, "
-        "\"min_flops\": %.0f, \"bytes_read\": %.0f, \"limit_ms\": %.6f, \"fraction\": %.6f, \"bw_gbs\": %.3f, "
-        "\"gemm_gflops\": %.3f}%s\n",
-        r.method.c_str(), (long long)r.batch, (long long)r.prefix, (long long)r.suffix, r.shape.n_q_heads,
-        r.shape.n_kv_heads, r.shape.head_dim, cascade::dtype_name(r.dtype), r.threads, r.median_ms, r.mean_ms,
-        r.stdev_ms, r.min_ms, r.max_ms, r.min_bytes, r.min_flops, r.bytes_read, r.limit_ms, r.limit_ms / r.median_ms,
-        r.bw_gbs, r.gemm_gflops, i + 1 < rows.size() ? "," : "");
-  }
-  std::printf("]\n");
-}
-
-void fill_stats(Row& r, std::vector<double> ms) {
-  std::sort(ms.begin(), ms.end());
-  const size_t n = ms.size();
-  r.median_ms = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
-  double sum = 0, sq = 0;
-  for (double x : ms) sum += x;
-  r.mean_ms = sum / double(n);
-  for (double x : ms) sq += (x - r.mean_ms) * (x - r.mean_ms);
-  r.stdev_ms = n > 1 ? std::sqrt(sq / double(n - 1)) : 0.0;
-  r.min_ms = ms.front();
-  r.max_ms = ms.back();
-}
 
 // The problem on the device: one prefix and B suffixes (one buffer, sequence after sequence), dense
 // (tokens, kv heads, dim), random values; q for one query token per sequence.
