@@ -48,9 +48,14 @@ void fill_random(std::vector<uint8_t>& bytes, int64_t n, Rng& rng, float amp) {
   for (int64_t i = 0; i < n; ++i) p[i] = T(rng.uniform(-amp, amp));
 }
 
+// How rows sit in memory: any padding; aligned (every row on 16 bytes: padding in multiples of 8 elements,
+// none between pages, as vector copies need); misaligned (heads always padded by 1-3 elements).
+enum class Rows { any, aligned, misaligned };
+
 // n_tokens tokens of random K/V with values in [-amp, amp], in storage chosen by the flags.
 inline std::unique_ptr<Segment> make_segment(Rng& rng, cascade::DType dt, int64_t n_tokens, int n_kv_heads,
-                                             int head_dim, bool paged, float amp = 1.0f) {
+                                             int head_dim, bool paged, float amp = 1.0f, Rows rows = Rows::any) {
+  const bool aligned = rows == Rows::aligned;
   auto seg = std::make_unique<Segment>();
   cascade::KvView& kv = seg->view;
   kv.dtype = dt;
@@ -58,7 +63,8 @@ inline std::unique_ptr<Segment> make_segment(Rng& rng, cascade::DType dt, int64_
   kv.n_kv_heads = n_kv_heads;
   kv.head_dim = head_dim;
   // Padded strides: heads and tokens are not packed, so the kernels must honor the strides.
-  const int64_t pad_h = rng.uniform_int(0, 3), pad_t = rng.uniform_int(0, 5);
+  const int64_t pad_h = aligned ? 8 * rng.uniform_int(0, 1) : rng.uniform_int(rows == Rows::misaligned ? 1 : 0, 3);
+  const int64_t pad_t = aligned ? 8 * rng.uniform_int(0, 2) : rng.uniform_int(0, 5);
   kv.stride_head = head_dim + pad_h;
   kv.stride_token = n_kv_heads * kv.stride_head + pad_t;
   int64_t n_elems;
@@ -66,7 +72,7 @@ inline std::unique_ptr<Segment> make_segment(Rng& rng, cascade::DType dt, int64_
     kv.page_size = rng.pick<int64_t>({1, 7, 16, 64});
     const int64_t n_pages = (n_tokens + kv.page_size - 1) / kv.page_size;
     const int64_t pool = n_pages + rng.uniform_int(0, 3);  // spare pages nobody uses
-    kv.stride_page = kv.page_size * kv.stride_token + rng.uniform_int(0, 4);
+    kv.stride_page = kv.page_size * kv.stride_token + (aligned ? 0 : rng.uniform_int(0, 4));
     std::vector<int32_t> ids(static_cast<size_t>(pool));
     std::iota(ids.begin(), ids.end(), 0);
     std::shuffle(ids.begin(), ids.end(), rng.gen);
@@ -119,6 +125,21 @@ inline Tree random_tree(Rng& rng, int depth, int max_seqs) {
   if (int(frontier.size()) > max_seqs) frontier.resize(static_cast<size_t>(max_seqs));
   t.paths = std::move(frontier);
   return t;
+}
+
+// Shrinks seg_len until the reference's work (multiply-adds over every path's keys, query and head) fits.
+inline void shrink_to_budget(std::vector<int64_t>& seg_len, const std::vector<std::vector<int>>& paths,
+                             const std::vector<int64_t>& n_query, const cascade::HeadShape& shape, double budget) {
+  for (;;) {
+    double cost = 0;
+    for (size_t s = 0; s < paths.size(); ++s) {
+      int64_t keys = 0;
+      for (int g : paths[s]) keys += seg_len[static_cast<size_t>(g)];
+      cost += double(keys) * double(n_query[s]) * shape.n_q_heads * shape.head_dim * 2;
+    }
+    if (cost <= budget) return;
+    for (auto& len : seg_len) len = len * 2 / 3;
+  }
 }
 
 // Checks every element: finite, and |out - ref| <= atol + rtol |ref|. Reports the first failure.

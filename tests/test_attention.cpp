@@ -122,17 +122,7 @@ Config random_config(Rng& rng, double budget) {
   c.n_query.resize(c.tree.paths.size());
   for (auto& n : c.n_query) n = multi ? rng.uniform_int(1, 5) : 1;
   c.n_threads = int(rng.uniform_int(0, 3));
-  // Shrink the lengths until the reference's work fits the budget.
-  for (;;) {
-    double cost = 0;
-    for (size_t s = 0; s < c.tree.paths.size(); ++s) {
-      int64_t keys = 0;
-      for (int g : c.tree.paths[s]) keys += c.seg_len[static_cast<size_t>(g)];
-      cost += double(keys) * double(c.n_query[s]) * c.shape.n_q_heads * c.shape.head_dim * 2;
-    }
-    if (cost <= budget) break;
-    for (auto& len : c.seg_len) len = len * 2 / 3;
-  }
+  test::shrink_to_budget(c.seg_len, c.tree.paths, c.n_query, c.shape, budget);
   return c;
 }
 

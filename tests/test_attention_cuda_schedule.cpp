@@ -185,17 +185,8 @@ TEST_CASE("cuda schedule: executing its items and merging its lists reproduces t
     std::vector<int64_t> n_query(tree.paths.size());
     const bool multi = rng.coin(0.4);
     for (auto& n : n_query) n = multi ? rng.uniform_int(1, 5) : 1;
-    // Keep the double emulation quick: shrink lengths until the work is small.
-    for (;;) {
-      double cost = 0;
-      for (size_t s = 0; s < tree.paths.size(); ++s) {
-        int64_t keys = 0;
-        for (int g : tree.paths[s]) keys += seg_len[size_t(g)];
-        cost += double(keys) * double(n_query[s]) * shape.n_q_heads * shape.head_dim;
-      }
-      if (cost <= 6e6) break;
-      for (auto& len : seg_len) len = len * 2 / 3;
-    }
+    // Keep the double emulation quick: 1.2e7 multiply-adds at most.
+    test::shrink_to_budget(seg_len, tree.paths, n_query, shape, 1.2e7);
     INFO("heads " << shape.n_q_heads << "/" << shape.n_kv_heads << "/" << shape.head_dim << ", "
                   << tree.paths.size() << " sequences, " << seg_len.size() << " segments");
     // Few multiprocessors force long chunks; many force splitting.

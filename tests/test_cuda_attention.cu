@@ -94,8 +94,7 @@ void expect_rel_l2(const std::vector<float>& out, const std::vector<double>& ref
 
 // One segment: random K/V in host storage (for the reference) and the same bytes on the device.
 struct Segment {
-  std::vector<uint8_t> k, v;
-  std::vector<int32_t> table;
+  std::unique_ptr<test::Segment> h;  // host bytes and view (block table in host memory)
   KvView host, dev;
   std::unique_ptr<DeviceBuffer> dk, dv;
 };
@@ -104,41 +103,12 @@ struct Segment {
 std::unique_ptr<Segment> make_segment(Rng& rng, DType dt, int64_t n_tokens, int n_kv_heads, int head_dim, bool paged,
                                       bool aligned, float amp = 1.0f) {
   auto seg = std::make_unique<Segment>();
-  KvView& kv = seg->host;
-  kv.dtype = dt;
-  kv.n_tokens = n_tokens;
-  kv.n_kv_heads = n_kv_heads;
-  kv.head_dim = head_dim;
-  const int64_t pad_h = aligned ? 8 * rng.uniform_int(0, 1) : rng.uniform_int(1, 3);
-  const int64_t pad_t = aligned ? 8 * rng.uniform_int(0, 2) : rng.uniform_int(0, 5);
-  kv.stride_head = head_dim + pad_h;
-  kv.stride_token = n_kv_heads * kv.stride_head + pad_t;
-  int64_t n_elems;
-  if (paged) {
-    kv.page_size = rng.pick<int64_t>({1, 7, 16, 64});
-    const int64_t n_pages = (n_tokens + kv.page_size - 1) / kv.page_size;
-    const int64_t pool = n_pages + rng.uniform_int(0, 3);
-    kv.stride_page = kv.page_size * kv.stride_token + (aligned ? 0 : rng.uniform_int(0, 4));
-    std::vector<int32_t> ids(static_cast<size_t>(pool));
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), rng.gen);
-    seg->table.assign(ids.begin(), ids.begin() + n_pages);
-    kv.block_table = seg->table.empty() ? nullptr : seg->table.data();
-    if (!kv.block_table) kv.page_size = 0;
-    n_elems = pool * kv.stride_page;
-  } else {
-    n_elems = n_tokens * kv.stride_token;
-  }
-  n_elems = std::max<int64_t>(n_elems, 1);
-  dispatch_dtype(dt, [&]<class T>() {
-    test::fill_random<T>(seg->k, n_elems, rng, amp);
-    test::fill_random<T>(seg->v, n_elems, rng, 1.0f);
-  });
-  kv.k = seg->k.data();
-  kv.v = seg->v.data();
-  seg->dk = std::make_unique<DeviceBuffer>(seg->k.data(), seg->k.size());
-  seg->dv = std::make_unique<DeviceBuffer>(seg->v.data(), seg->v.size());
-  seg->dev = kv;  // same strides and (host) block table; device K/V
+  seg->h = test::make_segment(rng, dt, n_tokens, n_kv_heads, head_dim, paged, amp,
+                              aligned ? test::Rows::aligned : test::Rows::misaligned);
+  seg->host = seg->h->view;
+  seg->dk = std::make_unique<DeviceBuffer>(seg->h->k.data(), seg->h->k.size());
+  seg->dv = std::make_unique<DeviceBuffer>(seg->h->v.data(), seg->h->v.size());
+  seg->dev = seg->host;  // same strides and (host) block table; device K/V
   seg->dev.k = seg->dk->p;
   seg->dev.v = seg->dv->p;
   return seg;
@@ -272,16 +242,7 @@ Config random_config(Rng& rng, double budget) {
   const bool multi = rng.coin(0.3);
   c.n_query.resize(c.tree.paths.size());
   for (auto& n : c.n_query) n = multi ? rng.uniform_int(1, 5) : 1;
-  for (;;) {
-    double cost = 0;
-    for (size_t s = 0; s < c.tree.paths.size(); ++s) {
-      int64_t keys = 0;
-      for (int g : c.tree.paths[s]) keys += c.seg_len[static_cast<size_t>(g)];
-      cost += double(keys) * double(c.n_query[s]) * c.shape.n_q_heads * c.shape.head_dim * 2;
-    }
-    if (cost <= budget) break;
-    for (auto& len : c.seg_len) len = len * 2 / 3;
-  }
+  test::shrink_to_budget(c.seg_len, c.tree.paths, c.n_query, c.shape, budget);
   return c;
 }
 
