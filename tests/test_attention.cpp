@@ -217,6 +217,47 @@ TEST_CASE("edges: empty prefix, empty suffix, empty segments anywhere, batch 1, 
   }
 }
 
+TEST_CASE("chains of segments with the same rows run as one pass, items straddling the joins") {
+  const uint64_t seed = test::fresh_seed();
+  INFO("CASCADE_TEST_SEED=" << seed);
+  Rng rng(seed);
+  Config c;
+  c.shape = HeadShape{8, 2, 64};
+  c.dtype = rng.pick<DType>({DType::f32, DType::f16, DType::bf16});
+  c.paged = rng.coin();
+  // 0 -> 1 -> 2 -> {3, 4}; 3 -> 5. Sequence 0 ends at 5, sequence 1 at 4: segments 0, 1, 2 have both
+  // sequences' rows (one pass), 3 and 5 only sequence 0's (one pass), 4 alone.
+  c.tree.parent = {-1, 0, 1, 2, 2, 3};
+  c.tree.paths = {{0, 1, 2, 3, 5}, {0, 1, 2, 4}};
+  c.seg_len = {rng.uniform_int(300, 900), rng.uniform_int(1, 40), 0, rng.uniform_int(200, 700),
+               rng.uniform_int(1, 300), rng.uniform_int(1, 300)};
+  c.n_query = {rng.uniform_int(1, 4), rng.uniform_int(1, 4)};
+  c.n_threads = int(rng.uniform_int(2, 4));  // several chunks per pass, so some cross a join
+  {
+    std::vector<std::unique_ptr<test::Segment>> store;
+    std::vector<KvView> views;
+    for (int64_t len : c.seg_len) {
+      store.push_back(test::make_segment(rng, c.dtype, len, 2, 64, c.paged, 1.0f));
+      views.push_back(store.back()->view);
+    }
+    const Plan plan = Plan::build(c.shape, views, c.tree.paths, c.n_query);
+    const cpu::detail::Passes pp = cpu::detail::make_passes(plan);
+    REQUIRE(pp.pass.size() == 3);
+    CHECK(pp.pass[pp.head_pass[0]].segs == std::vector<int>{0, 1, 2});
+    CHECK(pp.pass[pp.head_pass[3]].segs == std::vector<int>{3, 5});
+    CHECK(pp.pass[pp.head_pass[4]].segs == std::vector<int>{4});
+    CHECK(pp.head_pass[1] == -1);
+    CHECK(pp.head_pass[5] == -1);
+  }
+  check(rng, c);
+  // Several queries at the end of a one-sequence chain: the causal limit applies in the last segment only.
+  c.tree.parent = {-1, 0, 1};
+  c.tree.paths = {{0, 1, 2}};
+  c.seg_len = {rng.uniform_int(1, 600), rng.uniform_int(0, 600), rng.uniform_int(5, 600)};
+  c.n_query = {5};
+  check(rng, c);
+}
+
 TEST_CASE("extreme scores: |s| up to 1e4 stay finite and exact") {
   const uint64_t seed = test::fresh_seed();
   INFO("CASCADE_TEST_SEED=" << seed);

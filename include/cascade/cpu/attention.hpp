@@ -1,11 +1,15 @@
 // CPU execution of a cascade plan, and of the unified (one buffer + mask) baseline.
 //
 // A plan is run as independent work items, spread over oneTBB's threads:
-//   1. every (segment, KV head, tile of stacked query rows, chunk of the segment's tokens) is an item;
-//      it attends its rows to its tokens and writes a partial state into the workspace. Long segments are
+//   1. segments run as passes: a chain of segments attended by exactly the same rows (a segment whose
+//      rows all continue into its one child and see all of its keys) is one pass over their tokens in
+//      order, so a prefix that only one sequence (or one group of rows) reads costs no extra items or
+//      merges over a copy of it.
+//   2. every (pass, KV head, tile of stacked query rows, chunk of the pass's tokens) is an item; it
+//      attends its rows to its tokens and writes a partial state into the workspace. Long passes are
 //      split into chunks (flash-decoding style) so that even one sequence with one KV head keeps every
 //      thread busy.
-//   2. every output row (query token, query head) merges the partial states of all segments on its
+//   3. every output row (query token, query head) merges the partial states of all passes on its
 //      sequence's path and all their chunks, exactly (state.hpp).
 // The "split" baseline is a plan too (Plan::independent, the prefix copied into every sequence).
 #pragma once
@@ -112,9 +116,61 @@ Schedule make_schedule(int n_pass, int n_kv_heads, int group, int64_t head_dim, 
   return sc;
 }
 
+// Segments grouped into passes (step 1 above).
+struct Passes {
+  struct Pass {
+    std::vector<int> segs;        // segments in key order, the first one is the pass's head
+    std::vector<int64_t> start;   // key offset of each segment inside the pass
+    int64_t n_tokens = 0;
+    std::vector<int64_t> limit;   // per token row: keys of the pass it sees (the head's row order)
+  };
+  std::vector<Pass> pass;
+  std::vector<int> head_pass;  // per segment: the pass it heads, or -1 (inside a chain, or unused)
+};
+
+inline Passes make_passes(const Plan& plan) {
+  const int n_seg = plan.n_segments();
+  // fuse_into[g]: g's only child when that child has exactly g's rows (same order) and every row sees all
+  // of g's keys; then the two run as one pass.
+  std::vector<int> fuse_into(size_t(n_seg), -1);
+  std::vector<char> fused_child(size_t(n_seg), 0);
+  for (int c = 0; c < n_seg; ++c) {
+    const int g = plan.parent(c);
+    if (g < 0) continue;
+    const auto& rg = plan.segment_rows(g);
+    const auto& rc = plan.segment_rows(c);
+    if (rg.empty() || rg.size() != rc.size()) continue;
+    bool same = true;
+    for (size_t r = 0; r < rg.size() && same; ++r)
+      same = rg[r].row == rc[r].row && rg[r].limit == plan.segment(g).n_tokens;
+    if (!same) continue;
+    fuse_into[g] = c;
+    fused_child[c] = 1;
+  }
+  Passes out;
+  out.head_pass.assign(size_t(n_seg), -1);
+  for (int g = 0; g < n_seg; ++g) {
+    if (fused_child[g] || plan.parent(g) == Plan::kUnused) continue;
+    Passes::Pass ps;
+    int last = g;
+    for (int x = g; x >= 0; x = fuse_into[x]) {
+      ps.segs.push_back(x);
+      ps.start.push_back(ps.n_tokens);
+      ps.n_tokens += plan.segment(x).n_tokens;
+      last = x;
+    }
+    const auto& rows = plan.segment_rows(last);
+    ps.limit.resize(rows.size());
+    for (size_t r = 0; r < rows.size(); ++r) ps.limit[r] = ps.start.back() + rows[r].limit;
+    out.head_pass[g] = int(out.pass.size());
+    out.pass.push_back(std::move(ps));
+  }
+  return out;
+}
+
 struct ItemScratch {
   Scratch kernel;
-  std::vector<float> q;
+  std::vector<float> q, o2;
   std::vector<int64_t> limit;
   std::vector<int32_t> seq, pos;
 };
@@ -207,13 +263,14 @@ inline void attend(const Plan& plan, const float* q, float* o, float* lse = null
   CASCADE_CHECK(opt.n_threads >= 0, "attend: n_threads is negative (", opt.n_threads, ")");
   detail::in_arena(opt.n_threads, [&] {
     const int n_threads = tbb::this_task_arena::max_concurrency();
-    const auto& rows = [&](int g) -> const std::vector<Plan::SegmentRow>& { return plan.segment_rows(g); };
+    const detail::Passes pp = detail::make_passes(plan);
+    const int n_pass = int(pp.pass.size());
     const detail::Schedule sc = detail::make_schedule(
-        plan.n_segments(), shape.n_kv_heads, group, d, n_threads, [&](int g) { return int64_t(rows(g).size()); },
-        [&](int g) { return plan.segment(g).n_tokens; },
-        [&](int g, int64_t r0, int64_t r1) {
+        n_pass, shape.n_kv_heads, group, d, n_threads, [&](int p) { return int64_t(pp.pass[p].limit.size()); },
+        [&](int p) { return pp.pass[p].n_tokens; },
+        [&](int p, int64_t r0, int64_t r1) {
           int64_t reach = 0;
-          for (int64_t r = r0; r < r1; ++r) reach = std::max(reach, rows(g)[r].limit);
+          for (int64_t r = r0; r < r1; ++r) reach = std::max(reach, pp.pass[p].limit[r]);
           return reach;
         });
     std::vector<float> ws(sc.ws_floats);
@@ -221,14 +278,33 @@ inline void attend(const Plan& plan, const float* q, float* o, float* lse = null
       detail::ItemScratch& s = detail::item_scratch().local();
       for (size_t i = br.begin(); i < br.end(); ++i) {
         const detail::Item& it = sc.items[i];
-        const auto& seg_rows = rows(it.pass);
-        detail::gather_queries(q, shape, plan.scale(), it, [&](int64_t r) { return seg_rows[r].row; }, s.q);
-        s.limit.resize(it.e1 - it.e0);
-        for (int64_t e = it.e0; e < it.e1; ++e) s.limit[e - it.e0] = seg_rows[e / group].limit;
+        const detail::Passes::Pass& ps = pp.pass[it.pass];
+        const auto& head_rows = plan.segment_rows(ps.segs.front());
+        detail::gather_queries(q, shape, plan.scale(), it, [&](int64_t r) { return head_rows[r].row; }, s.q);
         const int64_t n = it.e1 - it.e0;
-        attend_range_dispatch(s.q.data(), n, it.heads, plan.segment(it.pass), it.kvh, it.t0, it.t1,
-                              LimitMask{s.limit.data()}, ws.data() + it.ws, ws.data() + it.ws + it.heads * n * d,
-                              s.kernel);
+        float* o_it = ws.data() + it.ws;
+        float* lse_it = o_it + it.heads * n * d;
+        s.limit.resize(n);
+        bool first = true;
+        // The item's tokens [t0, t1) of the pass, segment by segment; the second and later segments'
+        // states merge into the first's.
+        for (size_t k = 0; k < ps.segs.size(); ++k) {
+          const int64_t off = ps.start[k], len = plan.segment(ps.segs[k]).n_tokens;
+          const int64_t a = std::max(it.t0, off), b = std::min(it.t1, off + len);
+          if (a >= b) continue;
+          for (int64_t e = it.e0; e < it.e1; ++e) s.limit[e - it.e0] = ps.limit[e / group] - off;
+          float* o_k = o_it;
+          float* lse_k = lse_it;
+          if (!first) {
+            s.o2.resize(size_t(it.heads * n * (d + 1)));
+            o_k = s.o2.data();
+            lse_k = o_k + it.heads * n * d;
+          }
+          attend_range_dispatch(s.q.data(), n, it.heads, plan.segment(ps.segs[k]), it.kvh, a - off, b - off,
+                                LimitMask{s.limit.data()}, o_k, lse_k, s.kernel);
+          if (!first) merge_states_inplace(o_it, lse_it, o_k, lse_k, it.heads * n, d);
+          first = false;
+        }
       }
     });
     // Map each output row back to its sequence once.
@@ -241,9 +317,9 @@ inline void attend(const Plan& plan, const float* q, float* o, float* lse = null
       const Plan::Sequence& sq = plan.sequence(row_seq[row]);
       const int64_t i = row - sq.row_begin;
       for (size_t k = 0; k < sq.path.size(); ++k) {
-        const int g = sq.path[k];
-        if (sc.pass_group[g] < 0) continue;  // empty segment: nothing to merge
-        add(g, (sq.seg_row_begin[k] + i) * group + qh % group);
+        const int p = pp.head_pass[sq.path[k]];
+        if (p < 0 || sc.pass_group[p] < 0) continue;  // inside a chain, or a pass with no work
+        add(p, (sq.seg_row_begin[k] + i) * group + qh % group);
       }
     });
   });
