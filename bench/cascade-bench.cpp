@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -44,7 +45,7 @@ struct Args {
   HeadShape shape{9, 3, 64};
   std::string shape_name = "smollm2-135m";
   std::vector<DType> dtypes{DType::f16};
-  std::vector<std::string> methods{"cascade", "split", "unified"};
+  std::vector<std::string> methods{"cascade", "split", "unified", "auto"};
   std::vector<int> threads{0};
   int reps = 5, warmup = 1;
   std::string format = "md";
@@ -62,10 +63,11 @@ void usage() {
       "                      llama3.2-1b (32/8/64), llama2-7b (32/32/128), qwen2.5-7b (28/4/128), mistral-7b\n"
       "  --heads Q/KV/D      explicit query heads / KV heads / head dim\n"
       "  --kv-dtype LIST     f32, f16, bf16 (default f16)\n"
-      "  --method LIST       cascade, split, unified, auto (default: the first three). auto: the plan\n"
+      "  --method LIST       cascade, split, unified, auto (default: all four). auto: the plan\n"
       "                      auto.hpp chooses per segment from a cost model calibrated once per thread count\n"
       "  --threads LIST      threads (0 = all; default 0)\n"
-      "  --reps N            timed repetitions (default 5), --warmup N (default 1)\n"
+      "  --reps N            timed repetitions of each method, interleaved (default 5; up to 5x as many\n"
+      "                      when the fastest method takes under 1 ms), --warmup N (default 1)\n"
       "  --no-flush          keep caches warm between repetitions\n"
       "  -o md|csv|json      output format (default md)\n");
 }
@@ -182,21 +184,34 @@ std::unique_ptr<Problem> make_problem(const HeadShape& shape, DType dt, int64_t 
   return p;
 }
 
-template <class F>
-std::vector<double> time_reps(const Args& a, bench::CacheFlusher* flusher, F&& run) {
-  for (int i = 0; i < a.warmup; ++i) run();
-  std::vector<double> ms;
-  for (int i = 0; i < a.reps; ++i) {
-    if (flusher) flusher->flush();
-    const double t0 = bench::now_s();
-    run();
-    ms.push_back((bench::now_s() - t0) * 1e3);
-  }
+// Times every method of one problem in interleaved rounds (round r runs the methods starting from the
+// (r mod n)-th), so that a drift in the machine's speed (other jobs, clock changes) lands on all of them
+// alike instead of on whichever ran last. Each run is preceded by a cache flush when `flusher` is given.
+// Problems whose fastest method runs under 1 ms get more rounds (up to 5x --reps): their times carry the
+// most jitter (thread wake-ups, cold pages) relative to the differences between methods.
+std::vector<std::vector<double>> time_interleaved(const Args& a, bench::CacheFlusher* flusher,
+                                                  const std::vector<std::function<void()>>& runs) {
+  const size_t n = runs.size();
+  double fastest = 1e30;
+  for (int i = 0; i < std::max(1, a.warmup); ++i)
+    for (const auto& run : runs) {
+      if (flusher) flusher->flush();
+      const double t0 = bench::now_s();
+      run();
+      fastest = std::min(fastest, (bench::now_s() - t0) * 1e3);
+    }
+  const int reps = a.reps * int(std::clamp(std::ceil(1.0 / std::max(fastest, 1e-6)), 1.0, 5.0));
+  std::vector<std::vector<double>> ms(n);
+  for (int rep = 0; rep < reps; ++rep)
+    for (size_t k = 0; k < n; ++k) {
+      const size_t m = (size_t(rep) + k) % n;
+      if (flusher) flusher->flush();
+      const double t0 = bench::now_s();
+      runs[m]();
+      ms[m].push_back((bench::now_s() - t0) * 1e3);
+    }
   return ms;
 }
-
-
-
 
 }  // namespace
 
@@ -240,17 +255,22 @@ int main(int argc, char** argv) {
               base.gemm_gflops = flops / 1e9;
               std::vector<float> o(prob->q.size());
               const cascade::cpu::Options opt{thr};
+              // Set every method up first (layouts, auto's plan), then time them together.
+              std::vector<Row> mrows;
+              std::vector<std::function<void()>> runs;
+              std::vector<std::unique_ptr<cascade::SplitLayout>> splits;
+              std::vector<std::unique_ptr<cascade::UnifiedLayout>> unifieds;
+              std::vector<std::unique_ptr<cascade::Plan>> plans;
               for (const std::string& m : a.methods) {
                 Row r = base;
                 r.method = m;
-                std::vector<double> ms;
                 if (m == "cascade") {
                   r.bytes_read = base.min_bytes;
-                  ms = time_reps(a, flusher.get(), [&] { cascade::cpu::attend(prob->plan, prob->q.data(), o.data(), nullptr, opt); });
+                  runs.push_back([&] { cascade::cpu::attend(prob->plan, prob->q.data(), o.data(), nullptr, opt); });
                 } else if (m == "auto") {
-                  if (!models.count(thr)) models[thr] = cascade::calibrate(thr);
+                  if (!models.count(thr)) models[thr] = cascade::calibrate(thr, a.shape);
                   cascade::AutoChoice why;
-                  const cascade::Plan plan = cascade::choose_plan(prob->plan, models[thr], &why);
+                  plans.push_back(std::make_unique<cascade::Plan>(cascade::choose_plan(prob->plan, models[thr], &why)));
                   const int folded = int(std::count_if(why.segments.begin(), why.segments.end(),
                                                        [](const cascade::SegmentChoice& c) { return !c.shared; }));
                   r.bytes_read = base.min_bytes + (why.segments.empty() || why.segments[0].shared
@@ -259,22 +279,31 @@ int main(int argc, char** argv) {
                   std::fprintf(stderr, "  auto: %s (%d of %d segments folded; predicted %.3f ms, tree %.3f ms)\n",
                                why.changed ? "regrouped" : "the tree as given", folded, int(why.segments.size()),
                                1e3 * why.chosen_s, 1e3 * why.tree_s);
-                  ms = time_reps(a, flusher.get(), [&] { cascade::cpu::attend(plan, prob->q.data(), o.data(), nullptr, opt); });
+                  const cascade::Plan* plan = plans.back().get();
+                  runs.push_back([&, plan] { cascade::cpu::attend(*plan, prob->q.data(), o.data(), nullptr, opt); });
                 } else if (m == "split") {
-                  const cascade::SplitLayout split = cascade::make_split(prob->plan);
+                  splits.push_back(std::make_unique<cascade::SplitLayout>(cascade::make_split(prob->plan)));
                   r.bytes_read = kv_token_bytes * double(B) * double(P + t) + qo_bytes;
-                  ms = time_reps(a, flusher.get(), [&] { cascade::cpu::attend(split.plan, prob->q.data(), o.data(), nullptr, opt); });
+                  const cascade::Plan* plan = &splits.back()->plan;
+                  runs.push_back([&, plan] { cascade::cpu::attend(*plan, prob->q.data(), o.data(), nullptr, opt); });
                 } else {
-                  const cascade::UnifiedLayout uni = cascade::make_unified(prob->plan);
+                  unifieds.push_back(std::make_unique<cascade::UnifiedLayout>(cascade::make_unified(prob->plan)));
                   r.bytes_read = base.min_bytes;
-                  ms = time_reps(a, flusher.get(), [&] {
-                    cascade::cpu::attend_unified(sh, uni.batch, prob->q.data(), o.data(), nullptr, opt, prob->plan.scale());
+                  const cascade::UnifiedLayout* uni = unifieds.back().get();
+                  runs.push_back([&, uni] {
+                    cascade::cpu::attend_unified(sh, uni->batch, prob->q.data(), o.data(), nullptr, opt,
+                                                 prob->plan.scale());
                   });
                 }
-                fill_stats(r, ms);
+                mrows.push_back(r);
+              }
+              const auto ms = time_interleaved(a, flusher.get(), runs);
+              for (size_t k = 0; k < mrows.size(); ++k) {
+                Row& r = mrows[k];
+                fill_stats(r, ms[k]);
                 rows.push_back(r);
-                std::fprintf(stderr, "  %-7s B=%lld P=%lld t=%lld %s thr=%d: %.3f ms\n", m.c_str(), (long long)B,
-                             (long long)P, (long long)t, cascade::dtype_name(dt), thr, r.median_ms);
+                std::fprintf(stderr, "  %-7s B=%lld P=%lld t=%lld %s thr=%d: %.3f ms\n", r.method.c_str(),
+                             (long long)B, (long long)P, (long long)t, cascade::dtype_name(dt), thr, r.median_ms);
               }
             }
     }
