@@ -31,6 +31,7 @@
 #include <tbb/info.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
+#include <unistd.h>
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -60,30 +61,40 @@ struct CostModel {
   double tiled_bw = 10e9;   // tiled kernel: K/V bytes/s per tile of kMaxRows rows (reads + f32 staging)
   double tiled_mac = 50e9;  // tiled kernel: multiply-adds/s
   double item_s = 2e-6;     // fixed cost of one work item (query gather, state write, its share of the merge)
+  double tiled_item_s = 4e-6;  // the same for one item of the tiled kernel (per KV head and row tile)
 
-  // Predicted seconds of one pass: n_tokens keys attended by n_token_rows query tokens (times the GQA
-  // group stacked rows per KV head). 0 when either is 0.
-  double pass_seconds(const HeadShape& shape, DType dtype, int64_t n_tokens, int64_t n_token_rows) const {
+  // Predicted seconds of one pass: n_tokens keys (kv_bytes of K and V in all) attended by n_token_rows
+  // query tokens (times the GQA group stacked rows per KV head). 0 when either is 0.
+  double pass_seconds(const HeadShape& shape, double kv_bytes, int64_t n_tokens, int64_t n_token_rows) const {
     if (n_tokens <= 0 || n_token_rows <= 0) return 0.0;
     const double m = double(n_token_rows) * shape.group();
-    const double kv = 2.0 * double(n_tokens) * shape.n_kv_heads * shape.head_dim * double(dtype_size(dtype));
     const double mac = 2.0 * m * double(n_tokens) * shape.n_kv_heads * shape.head_dim;
     double t;
     if (cpu::use_small_kernel(int64_t(m), shape.head_dim)) {
-      t = kv / small_bw + mac / small_mac + item_s;
+      t = kv_bytes / small_bw + mac / small_mac + item_s;
     } else {
       const double tiles = std::ceil(m / double(cpu::kMaxRows));
-      t = tiles * (kv / tiled_bw + shape.n_kv_heads * item_s) + mac / tiled_mac;
+      t = tiles * (kv_bytes / tiled_bw + shape.n_kv_heads * tiled_item_s) + mac / tiled_mac;
     }
-    return std::max(t, kv / read_bw);
+    return std::max(t, kv_bytes / read_bw);
+  }
+  double pass_seconds(const HeadShape& shape, DType dtype, int64_t n_tokens, int64_t n_token_rows) const {
+    return pass_seconds(shape, kv_bytes(shape, dtype, n_tokens), n_tokens, n_token_rows);
+  }
+  static double kv_bytes(const HeadShape& shape, DType dtype, int64_t n_tokens) {
+    return 2.0 * double(n_tokens) * shape.n_kv_heads * shape.head_dim * double(dtype_size(dtype));
   }
 
-  // Predicted seconds of a whole plan: the sum of its segments' passes.
+  // Predicted seconds of a whole plan: the sum of its passes (cpu/attention.hpp: a chain of segments with
+  // the same rows is one pass).
   double plan_seconds(const Plan& plan) const {
+    const cpu::detail::Passes pp = cpu::detail::make_passes(plan);
     double t = 0;
-    for (int g = 0; g < plan.n_segments(); ++g)
-      t += pass_seconds(plan.shape(), plan.segment(g).dtype, plan.segment(g).n_tokens,
-                        int64_t(plan.segment_rows(g).size()));
+    for (const auto& ps : pp.pass) {
+      double bytes = 0;
+      for (int g : ps.segs) bytes += kv_bytes(plan.shape(), plan.segment(g).dtype, plan.segment(g).n_tokens);
+      t += pass_seconds(plan.shape(), bytes, ps.n_tokens, int64_t(ps.limit.size()));
+    }
     return t;
   }
 
@@ -93,7 +104,8 @@ struct CostModel {
     os.precision(9);
     os << "cascade-cost-model 1\n"
        << "n_threads " << n_threads << "\nread_bw " << read_bw << "\nsmall_bw " << small_bw << "\nsmall_mac "
-       << small_mac << "\ntiled_bw " << tiled_bw << "\ntiled_mac " << tiled_mac << "\nitem_s " << item_s << "\n";
+       << small_mac << "\ntiled_bw " << tiled_bw << "\ntiled_mac " << tiled_mac << "\nitem_s " << item_s
+       << "\ntiled_item_s " << tiled_item_s << "\n";
     return os.str();
   }
   static CostModel parse(const std::string& text) {
@@ -105,7 +117,8 @@ struct CostModel {
     CostModel c;
     const std::map<std::string, double*> fields = {{"read_bw", &c.read_bw},   {"small_bw", &c.small_bw},
                                                    {"small_mac", &c.small_mac}, {"tiled_bw", &c.tiled_bw},
-                                                   {"tiled_mac", &c.tiled_mac}, {"item_s", &c.item_s}};
+                                                   {"tiled_mac", &c.tiled_mac}, {"item_s", &c.item_s},
+                                                   {"tiled_item_s", &c.tiled_item_s}};
     while (is >> key) {
       if (key == "n_threads") {
         CASCADE_CHECK(is >> c.n_threads && c.n_threads >= 0, "cost model profile: bad n_threads");
@@ -135,6 +148,15 @@ struct CostModel {
   }
 };
 
+// The last-level cache's size in bytes as the C library reports it (64 MiB when it does not).
+inline int64_t last_level_cache_bytes() {
+#if defined(_SC_LEVEL3_CACHE_SIZE)
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (l3 > 0) return int64_t(l3);
+#endif
+  return int64_t(64) << 20;
+}
+
 namespace auto_detail {
 
 inline double now_s() {
@@ -155,17 +177,19 @@ double best_of(int n, F&& f) {
 }
 
 // One synthetic problem: `n_seq` sequences with one query each, all on one segment of n_tokens keys
-// (shared), or each on its own segment of n_tokens keys (independent).
+// (shared), or each on its own segment of n_tokens keys (independent). With n_groups > 1 (shared only):
+// n_groups segments, each shared by n_seq sequences.
 struct Problem {
   std::vector<f16> k, v;
   std::vector<float> q, o;
   Plan plan;
 };
 
-inline Problem make_problem(const HeadShape& shape, int64_t n_tokens, int n_seq, bool shared, std::mt19937& rng) {
+inline Problem make_problem(const HeadShape& shape, int64_t n_tokens, int n_seq, bool shared, std::mt19937& rng,
+                            int n_groups = 1) {
   Problem p;
   const int64_t row = int64_t(shape.n_kv_heads) * shape.head_dim;
-  const int64_t n_seg = shared ? 1 : n_seq;
+  const int64_t n_seg = shared ? n_groups : n_seq;
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   p.k.resize(size_t(n_seg * n_tokens * row));
   p.v.resize(p.k.size());
@@ -178,9 +202,11 @@ inline Problem make_problem(const HeadShape& shape, int64_t n_tokens, int n_seq,
   for (int64_t g = 0; g < n_seg; ++g)
     segs.push_back(KvView::contiguous(p.k.data() + g * n_tokens * row, p.v.data() + g * n_tokens * row, n_tokens,
                                       shape.n_kv_heads, shape.head_dim));
-  for (int s = 0; s < n_seq; ++s) paths.push_back({shared ? 0 : s});
-  p.plan = Plan::build(shape, std::move(segs), paths, std::vector<int64_t>(size_t(n_seq), 1));
-  p.q.resize(size_t(n_seq) * shape.n_q_heads * shape.head_dim);
+  for (int64_t g = 0; g < (shared ? n_groups : 1); ++g)
+    for (int s = 0; s < n_seq; ++s) paths.push_back({shared ? int(g) : s});
+  const size_t n_paths = paths.size();
+  p.plan = Plan::build(shape, std::move(segs), paths, std::vector<int64_t>(n_paths, 1));
+  p.q.resize(n_paths * shape.n_q_heads * shape.head_dim);
   for (float& x : p.q) x = u(rng);
   p.o.resize(p.q.size());
   return p;
@@ -209,28 +235,35 @@ inline double read_bandwidth(int n_threads, int64_t bytes) {
 }  // namespace auto_detail
 
 // Fits a CostModel on this machine with n_threads threads (0: all), using the library's own kernels on
-// f16 K/V with 4 KV heads of dim 64 and no GQA (so stacked rows = query tokens). Takes about a tenth of
-// a second. The K/V of each measurement (16 MiB at most) may sit in the last-level cache, as a decode
-// step's recently written K/V often does.
-inline CostModel calibrate(int n_threads = 0) {
+// f16 K/V with `like`'s KV heads and head dim and no GQA (so stacked rows = query tokens): the kernels'
+// rates depend on the head dim and the number of heads an item carries, so calibrate with the shape the
+// model will price (the default stands for small models). Takes about half a second. The kernels' rates are measured on K/V of 16 MiB at most, which may sit in the last-level
+// cache; the streaming read rate, the floor of every pass, is measured on a buffer twice the last-level
+// cache (64 to 256 MiB), because a decode step finds most K/V in memory, not in cache (the layers
+// and weights read since the last step have evicted it). So a segment folded into several passes
+// costs its full memory traffic each time, and folding is chosen only where it saves more than that.
+inline CostModel calibrate(int n_threads = 0, const HeadShape& like = HeadShape{4, 4, 64}) {
   using namespace auto_detail;
   CASCADE_CHECK(n_threads >= 0, "calibrate: n_threads is negative (", n_threads, ")");
+  CASCADE_CHECK(like.n_kv_heads > 0 && like.head_dim > 0, "calibrate: bad head shape ", like.n_kv_heads, " KV heads of ",
+                like.head_dim);
   CostModel c;
   c.n_threads = n_threads;
-  const HeadShape shape{4, 4, 64};
+  const HeadShape shape{like.n_kv_heads, like.n_kv_heads, like.head_dim};
   const cpu::Options opt{n_threads};
   std::mt19937 rng(7);
-  const int reps = 3;
+  const int reps = 5;
   auto time_plan = [&](Problem& p) {
     return best_of(reps, [&] { cpu::attend(p.plan, p.q.data(), p.o.data(), nullptr, opt); });
   };
   const auto kv_bytes = [&](int64_t n_tokens) { return 2.0 * double(n_tokens) * shape.n_kv_heads * shape.head_dim * 2; };
   const auto macs = [&](int64_t n_tokens, int m) { return 2.0 * m * double(n_tokens) * shape.n_kv_heads * shape.head_dim; };
 
-  c.read_bw = read_bandwidth(n_threads, int64_t(64) << 20);
+  c.read_bw = read_bandwidth(n_threads, std::clamp<int64_t>(2 * last_level_cache_bytes(), int64_t(64) << 20,
+                                                             int64_t(256) << 20));
 
   // Few-rows kernel: 1 and 8 rows over the same 16 MiB segment; the difference is the multiply-adds.
-  const int64_t n_small = 16384;
+  const int64_t n_small = std::max<int64_t>(256, (int64_t(16) << 20) / int64_t(kv_bytes(1)));
   const int m_hi = int(std::min<int64_t>(8, cpu::use_small_kernel(8, shape.head_dim) ? 8 : 1));
   {
     Problem p1 = make_problem(shape, n_small, 1, true, rng);
@@ -248,7 +281,7 @@ inline CostModel calibrate(int n_threads = 0) {
   }
   // Tiled kernel: 32 and 128 rows (one tile each) over one segment; the difference is the multiply-adds.
   {
-    const int64_t n_tiled = 2048;
+    const int64_t n_tiled = std::max<int64_t>(64, (int64_t(2) << 20) / int64_t(kv_bytes(1)));
     Problem a = make_problem(shape, n_tiled, 32, true, rng);
     Problem b = make_problem(shape, n_tiled, 128, true, rng);
     const double ta = time_plan(a), tb = time_plan(b);
@@ -266,6 +299,17 @@ inline CostModel calibrate(int n_threads = 0) {
     const double t = time_plan(p);
     const double work = n_seq * (kv_bytes(n_tok) / c.small_bw + macs(n_tok, 1) / c.small_mac);
     c.item_s = std::max(t - work, 0.5 * t) / n_seq;
+  }
+  // Tiled-kernel item overhead: 32 segments of 4 tokens, each shared by 32 sequences (one tile, one
+  // item per KV head).
+  {
+    const int n_groups = 32, n_seq = 32;
+    const int64_t n_tok = 4;
+    Problem p = make_problem(shape, n_tok, n_seq, true, rng, n_groups);
+    const double t = time_plan(p);
+    const double items = double(n_groups) * shape.n_kv_heads;
+    const double work = n_groups * (kv_bytes(n_tok) / c.tiled_bw + macs(n_tok, n_seq) / c.tiled_mac);
+    c.tiled_item_s = std::max(t - work, 0.5 * t) / items;
   }
   return c;
 }
@@ -288,6 +332,9 @@ struct AutoChoice {
 // The plan of least predicted time under `model` that computes what `tree` computes: same sequences,
 // rows, keys and scale. Segments on no sequence's path are dropped. `why`, when given, receives the
 // per-segment decisions.
+// A folded alternative must be predicted this much faster (as a fraction) to be chosen.
+inline constexpr double kFoldMargin = 0.05;
+
 inline Plan choose_plan(const Plan& tree, const CostModel& model, AutoChoice* why = nullptr) {
   const HeadShape& shape = tree.shape();
   const int n_seg = tree.n_segments(), n_seq = tree.n_sequences();
@@ -319,8 +366,8 @@ inline Plan choose_plan(const Plan& tree, const CostModel& model, AutoChoice* wh
     out.segments[g].shared_s = pass(g, rows[g]);
     out.segments[g].chosen_s = out.segments[g].shared_s;
     out.segments[g].n_passes = rows[g] > 0 && tree.segment(g).n_tokens > 0 ? 1 : 0;
-    if (tree.parent(g) != Plan::kUnused) out.tree_s += out.segments[g].shared_s;
   }
+  out.tree_s = model.plan_seconds(tree);
   out.chosen_s = out.tree_s;
   const bool any_shared = std::any_of(n_below.begin(), n_below.end(), [](int64_t n) { return n >= 2; });
   if (!any_shared) return tree;
@@ -347,23 +394,31 @@ inline Plan choose_plan(const Plan& tree, const CostModel& model, AutoChoice* wh
       for (int c : children[g]) stack.push_back(c);
     }
   }
+  // A group's passes over g and over the j folded ancestors above it have the same rows, so they run as
+  // one pass over all their tokens (cpu/attention.hpp's chains).
+  const auto fused = [&](int g, size_t j, int64_t n_rows) {
+    double bytes = CostModel::kv_bytes(shape, tree.segment(g).dtype, tree.segment(g).n_tokens);
+    int64_t n_tok = tree.segment(g).n_tokens;
+    for (size_t a = 0; a < j; ++a) {
+      const KvView& kv = tree.segment(chain[g][a]);
+      bytes += CostModel::kv_bytes(shape, kv.dtype, kv.n_tokens);
+      n_tok += kv.n_tokens;
+    }
+    return model.pass_seconds(shape, bytes, n_tok, n_rows);
+  };
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     const int g = *it;
     for (size_t j = 0; j <= chain[g].size(); ++j) {
       // Shared: one group, all rows below g, attended by g and by the j folded ancestors.
-      double s_cost = pass(g, rows[g]);
-      for (size_t a = 0; a < j; ++a) s_cost += pass(chain[g][a], rows[g]);
+      double s_cost = fused(g, j, rows[g]);
       for (int c : children[g]) s_cost += memo[c][0];
       // Folded: the chain grows by g; every sequence ending here is its own group.
       double f_cost = 0;
       for (int c : children[g]) f_cost += memo[c][j + 1];
-      for (int s : ends[g]) {
-        const int64_t r = tree.sequence(s).n_query;
-        f_cost += pass(g, r);
-        for (size_t a = 0; a < j; ++a) f_cost += pass(chain[g][a], r);
-      }
-      // Ties stay shared: fewer slots, same predicted time.
-      const bool fold = f_cost < s_cost * (1 - 1e-9);
+      for (int s : ends[g]) f_cost += fused(g, j, tree.sequence(s).n_query);
+      // Fold only for a clear predicted gain: the rates are fitted on short runs, and a shared pass is
+      // never far from its minimum traffic, while a wrongly folded long segment re-reads it.
+      const bool fold = f_cost < s_cost * (1 - kFoldMargin);
       memo[g][j] = fold ? f_cost : s_cost;
       pick_fold[g][j] = fold;
     }
@@ -379,8 +434,6 @@ inline Plan choose_plan(const Plan& tree, const CostModel& model, AutoChoice* wh
       for (int c : children[g]) stack.push_back({c, folded[g] ? j + 1 : 0});
     }
   }
-  out.chosen_s = 0;
-  for (int r : roots) out.chosen_s += memo[r][0];
   if (std::none_of(folded.begin(), folded.end(), [](char f) { return f != 0; })) return tree;
 
   // Slots: (segment, group) in order of first use; a group is the nearest shared segment at or below
@@ -411,6 +464,11 @@ inline Plan choose_plan(const Plan& tree, const CostModel& model, AutoChoice* wh
     }
   }
   Plan chosen = Plan::build(shape, std::move(slots), paths, n_query, tree.scale());
+  // The dynamic program prices each group's chain on its own; the whole plan, priced pass by pass, must
+  // still beat the tree.
+  const double chosen_s = model.plan_seconds(chosen);
+  if (chosen_s >= out.tree_s) return tree;
+  out.chosen_s = chosen_s;
   for (int g = 0; g < n_seg; ++g) {
     out.segments[g].shared = !folded[g];
     out.segments[g].n_passes = 0;
