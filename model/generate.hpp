@@ -45,7 +45,7 @@ struct GenerateParams {
   int64_t n_ctx = 0;    // positions per sequence (prompt + generated); 0: the model's training context
   int n_threads = 0;    // 0: all of the machine's
   int n_batch = 512;    // prompt tokens per prefill pass (bounds the prefill's memory)
-  AttnMethod attn = AttnMethod::cascade;
+  AttnMethod attn = AttnMethod::auto_;  // cascade, regrouped where a shared pass does not pay
   DType kv_dtype = DType::f16;
   SamplerParams sampling;
   void validate() const;

@@ -231,7 +231,7 @@ TEST_CASE("generate: --seed reproduces the text, other seeds give other text, --
   CHECK(texts(a.out) == texts(b.out));
   CHECK(texts(a.out) != texts(c.out));
   for (const char* key : {"\"sequences\":[", "\"text\":", "\"tokens\":[", "\"step_ms\":[", "\"prompt_ms\":",
-                          "\"decode_tokens_per_s\":", "\"attn\":\"cascade\"", "\"attn_share\":", "\"n_prompt_tokens\":"})
+                          "\"decode_tokens_per_s\":", "\"attn\":\"auto\"", "\"attn_share\":", "\"n_prompt_tokens\":"})
     CHECK_MESSAGE(a.out.find(key) != std::string::npos, key);
   CHECK(count_lines(a.out) == 1);
   CHECK(a.out.back() == '\n');

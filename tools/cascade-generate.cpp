@@ -2,7 +2,7 @@
 // attention method of your choice.
 //
 //   cascade-generate [-m MODEL.gguf] [-p TEXT | -f FILE] [-n N] [-np N] [-c N] [-t N] [-b N] [--temp T]
-//                    [--top-k K] [--top-p P] [--min-p P] [-s SEED] [--attn cascade|split|unified|auto]
+//                    [--top-k K] [--top-p P] [--min-p P] [-s SEED] [--attn auto|cascade|split|unified]
 //                    [--kv-type f16|f32] [--chat] [--ignore-eos] [--stats-every N] [--json]
 //
 // stdout: each sequence's text (or, with --json, one JSON object). stderr: progress, the periodic
@@ -54,8 +54,10 @@ constexpr const char* kUsage =
     "  --top-p P             nucleus sampling, 1 = off (default 0.95)\n"
     "  --min-p P             drop tokens below P times the top probability, 0 = off (default 0.05)\n"
     "  -s, --seed N          random seed, -1 = random (default -1)\n"
-    "  --attn METHOD         cascade (default), split, unified or auto (cascade regrouped by a cost model\n"
-    "                        calibrated at the first step, include/cascade/auto.hpp)\n"
+    "  --attn METHOD         auto (default: cascade, with each shared span attended once for all the\n"
+    "                        sequences or folded into them, as a cost model calibrated on this machine\n"
+    "                        at the first shared step predicts faster, include/cascade/auto.hpp),\n"
+    "                        cascade, split or unified\n"
     "  --kv-type TYPE        K/V storage: f16 (default) or f32\n"
     "  --chat                wrap each prompt in the model's chat template as a user message\n"
     "  --ignore-eos          keep generating past end-of-generation tokens (fixed-length runs for timing)\n"
