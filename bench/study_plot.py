@@ -111,8 +111,14 @@ def summarize_kernel(sweeps):
             if "cascade" in ms and "unified" in ms:
                 it["unified_over_cascade"] = it["median_ms"]["unified"] / it["median_ms"]["cascade"]
             if "auto" in ms:
-                it["auto_over_best"] = it["median_ms"]["auto"] / best
-                it["best_over_auto"] = best / it["median_ms"]["auto"]
+                # against the best of every fixed method measured (unified included)
+                fixed = min(v for m, v in it["median_ms"].items() if m in ("cascade", "split", "unified"))
+                a = it["median_ms"]["auto"]
+                it["auto_over_best"] = a / fixed
+                it["best_over_auto"] = fixed / a
+                if "split" in ms:
+                    it["auto_over_split"] = a / it["median_ms"]["split"]
+                it["auto_cv"] = ms["auto"].get("stdev_ms", 0) / a if a > 0 else 0
             items.append(it)
         out[name] = items
     return out
@@ -150,6 +156,24 @@ def crossovers(kernel):
     return res
 
 
+def auto_check(kernel):
+    """auto against the best fixed method and against split, over every point of every kernel sweep."""
+    pts = [(name, x) for name, items in kernel.items() for x in items if "auto_over_best" in x]
+    if not pts:
+        return None
+    over = [x["auto_over_best"] for _, x in pts]
+    vs_split = [x["auto_over_split"] for _, x in pts if "auto_over_split" in x]
+    worst = max(pts, key=lambda p: p[1]["auto_over_best"])
+    return {"points": len(pts), "mean": mean(over), "worst": max(over),
+            "worst_at": f"{worst[0]}: B={worst[1]['batch']} P={worst[1]['prefix']} t={worst[1]['suffix']} "
+                        f"{worst[1]['kv_dtype']}",
+            "over_5pct": [f"{n}: B={x['batch']} P={x['prefix']} t={x['suffix']} {x['kv_dtype']} "
+                          f"({x['auto_over_best']:.2f}, auto's run-to-run spread {100 * x['auto_cv']:.0f}%)"
+                          for n, x in pts if x["auto_over_best"] > 1.05],
+            "split_worst": max(vs_split) if vs_split else None,
+            "split_over_5pct": sum(1 for v in vs_split if v > 1.05)}
+
+
 def fmt(x, p=2):
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{p}f}"
 
@@ -184,14 +208,14 @@ def write_md(path, machine, dec, kernel, cross):
         L.append(f"## kernel sweep: {name}")
         L.append("")
         L.append("| heads | kv | B | P | t | unified ms | split ms | cascade ms | auto ms | limit ms | "
-                 "unified/best | split/cascade | auto/best | cascade of limit |")
-        L.append("|---" * 14 + "|")
+                 "unified/best | split/cascade | auto/best fixed | auto/split | cascade of limit |")
+        L.append("|---" * 15 + "|")
         for it in items:
             ms = it["median_ms"]
             L.append(f"| {it['heads']} | {it['kv_dtype']} | {it['batch']} | {it['prefix']} | {it['suffix']} | "
                      f"{fmt(ms.get('unified'), 3)} | {fmt(ms.get('split'), 3)} | {fmt(ms.get('cascade'), 3)} | "
                      f"{fmt(ms.get('auto'), 3)} | {fmt(it['limit_ms'], 3)} | {fmt(it.get('unified_over_best'))} | "
-                     f"{fmt(it.get('split_over_cascade'))} | {fmt(it.get('auto_over_best'))} | "
+                     f"{fmt(it.get('split_over_cascade'))} | {fmt(it.get('auto_over_best'))} | {fmt(it.get('auto_over_split'))} | "
                      f"{fmt(100 * it['fraction'].get('cascade', float('nan')), 0)}% |")
         L.append("")
     for name, c in cross.items():
@@ -203,8 +227,19 @@ def write_md(path, machine, dec, kernel, cross):
             L.append(f"| {r['batch']} | {r['cascade_beats_split_from_prefix'] or 'never in ' + str(r['prefixes'])} | "
                      f"{r['cascade_beats_unified_from_prefix'] or 'never in ' + str(r['prefixes'])} |")
         L.append("")
-        L.append(f"auto / best of (cascade, split): mean {fmt(c['auto_over_best_mean'])}, worst "
+        L.append(f"auto / best fixed method: mean {fmt(c['auto_over_best_mean'])}, worst "
                  f"{fmt(c['auto_over_best_max'])}")
+        L.append("")
+    ac = auto_check(kernel)
+    if ac:
+        L.append("## auto against the fixed methods, every kernel point")
+        L.append("")
+        L.append(f"{ac['points']} points: auto / best of (unified, split, cascade) mean {fmt(ac['mean'])}, worst "
+                 f"{fmt(ac['worst'])} ({ac['worst_at']}); auto / split worst {fmt(ac['split_worst'])}, "
+                 f"{ac['split_over_5pct']} points over 1.05.")
+        L.append("")
+        L.append("Points where auto is more than 5% over the best fixed method: " +
+                 ("; ".join(ac["over_5pct"]) if ac["over_5pct"] else "none") + ".")
         L.append("")
     with open(path, "w") as f:
         f.write("\n".join(L) + "\n")
@@ -272,7 +307,7 @@ def plots(out, runs, sweeps, kernel):
         look = {(it["batch"], it["prefix"]): it for it in items}
         panels = [("unified_over_cascade", "cascade speedup over unified"),
                   ("split_over_cascade", "cascade speedup over split"),
-                  ("best_over_auto", "best of (cascade, split) / auto: 1 = auto as fast as the better")]
+                  ("best_over_auto", "best fixed method / auto: 1 = auto as fast as the best")]
         fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
         for ax, (field, title) in zip(axes, panels):
             grid = [[look.get((b, p), {}).get(field, float("nan")) for b in bs] for p in ps]
@@ -374,7 +409,8 @@ def main():
     cross = crossovers(kernel)
     machine = open(os.path.join(raw, "machine.txt")).read() if os.path.exists(os.path.join(raw, "machine.txt")) else ""
     with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump({"decode": dec, "kernel": kernel, "crossovers": cross}, f, indent=1)
+        json.dump({"decode": dec, "kernel": kernel, "crossovers": cross, "auto_check": auto_check(kernel)}, f,
+                  indent=1)
     write_md(os.path.join(out, "summary.md"), machine, dec, kernel, cross)
     try:
         made = plots(out, runs, sweeps, kernel)
