@@ -1,5 +1,7 @@
 // cascade == split == unified == reference on fresh random problems, the edge cases, and bad input.
 #include <doctest/doctest.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include "attention_problem.hpp"
 #include "cascade/cascade.hpp"
@@ -256,6 +258,59 @@ TEST_CASE("chains of segments with the same rows run as one pass, items straddli
   c.seg_len = {rng.uniform_int(1, 600), rng.uniform_int(0, 600), rng.uniform_int(5, 600)};
   c.n_query = {5};
   check(rng, c);
+}
+
+TEST_CASE("attend called concurrently from parallel tasks: each call keeps its own workspace") {
+  const uint64_t seed = test::fresh_seed();
+  INFO("CASCADE_TEST_SEED=" << seed);
+  Rng rng(seed);
+  const HeadShape shape{4, 2, 64};
+  struct Job {
+    std::vector<std::unique_ptr<test::Segment>> store;
+    Plan plan;
+    std::vector<float> q, o;
+  };
+  std::vector<Job> jobs(48);
+  for (Job& j : jobs) {
+    std::vector<KvView> views;
+    const int n_seq = int(rng.uniform_int(1, 6));
+    std::vector<int64_t> len = {rng.uniform_int(1, 1500)};
+    for (int s = 0; s < n_seq; ++s) len.push_back(rng.uniform_int(0, 300));
+    for (int64_t n : len) {
+      j.store.push_back(test::make_segment(rng, DType::f16, n, shape.n_kv_heads, shape.head_dim, false, 1.0f));
+      views.push_back(j.store.back()->view);
+    }
+    std::vector<std::vector<int>> paths;
+    for (int s = 0; s < n_seq; ++s) paths.push_back({0, s + 1});
+    j.plan = Plan::build(shape, views, paths, std::vector<int64_t>(size_t(n_seq), 1));
+    j.q.resize(size_t(j.plan.n_rows() * shape.n_q_heads * shape.head_dim));
+    for (float& x : j.q) x = rng.uniform(-1.0f, 1.0f);
+    j.o.assign(j.q.size(), 123.0f);
+  }
+  // Outer tasks each run a whole attend, on 8 threads at once (more than this machine's cores).
+  tbb::task_arena arena(8);
+  arena.execute([&] {
+    tbb::parallel_for(size_t(0), jobs.size(), [&](size_t i) {
+      cpu::attend(jobs[i].plan, jobs[i].q.data(), jobs[i].o.data());
+    });
+  });
+  for (Job& j : jobs) {
+    std::vector<double> ref(j.o.size()), ref_lse(size_t(j.plan.n_rows() * shape.n_q_heads));
+    reference_attention(j.plan, j.q.data(), ref.data(), ref_lse.data());
+    test::expect_close(j.o, ref, 5e-6, 5e-5, "nested attend o");
+  }
+}
+
+TEST_CASE("workspace: a thread's kept buffer is reused, a call made while it is in use gets its own") {
+  const float* kept = nullptr;
+  {
+    cpu::detail::Workspace a(1000);
+    kept = a.data();
+    cpu::detail::Workspace b(10);  // as an attend started while `a`'s call is still running would
+    CHECK(b.data() != a.data());
+  }
+  cpu::detail::Workspace c(500);  // no larger than before: the same buffer again
+  CHECK(c.data() == kept);
 }
 
 TEST_CASE("extreme scores: |s| up to 1e4 stay finite and exact") {

@@ -199,6 +199,42 @@ void gather_queries(const float* q, const HeadShape& shape, float scale, const I
   }
 }
 
+// The workspace of partial states for one call, kept per calling thread and reused: a fresh allocation per
+// call (a decode step makes one per layer) costs page faults that can exceed the attention itself on small
+// problems. A call made while the thread's buffer is in use (attend called from inside a parallel task that
+// waits on another attend) gets a buffer of its own.
+class Workspace {
+ public:
+  explicit Workspace(size_t n_floats) {
+    if (!busy()) {
+      busy() = true;
+      leased_ = true;
+      buf_ = &kept();
+    }
+    if (buf_->size() < n_floats) buf_->resize(n_floats);
+  }
+  ~Workspace() {
+    if (leased_) busy() = false;
+  }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  float* data() { return buf_->data(); }
+  const float* data() const { return buf_->data(); }
+
+ private:
+  static std::vector<float>& kept() {
+    thread_local std::vector<float> v;
+    return v;
+  }
+  static bool& busy() {
+    thread_local bool b = false;
+    return b;
+  }
+  std::vector<float> own_;
+  std::vector<float>* buf_ = &own_;
+  bool leased_ = false;
+};
+
 // Runs f with at most n_threads threads (0: oneTBB's default). Asking for more threads than the
 // machine has gives the machine's count: oversubscribing only adds switching. Arenas are made once per
 // thread count and kept, so a decode step's many calls don't each pay for one.
@@ -223,7 +259,7 @@ void in_arena(int n_threads, F&& f) {
 
 // Merges, for every output (row, q head), the partials that `for_each_part(row, qh, add)` names.
 template <class Parts>
-void merge_outputs(const HeadShape& shape, int64_t n_rows, const Schedule& sc, const std::vector<float>& ws,
+void merge_outputs(const HeadShape& shape, int64_t n_rows, const Schedule& sc, const Workspace& ws,
                    float* o, float* lse, Parts for_each_part) {
   const int64_t d = shape.head_dim;
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_rows), [&](const tbb::blocked_range<int64_t>& range) {
@@ -273,7 +309,7 @@ inline void attend(const Plan& plan, const float* q, float* o, float* lse = null
           for (int64_t r = r0; r < r1; ++r) reach = std::max(reach, pp.pass[p].limit[r]);
           return reach;
         });
-    std::vector<float> ws(sc.ws_floats);
+    detail::Workspace ws(size_t(sc.ws_floats));
     tbb::parallel_for(tbb::blocked_range<size_t>(0, sc.items.size(), 1), [&](const tbb::blocked_range<size_t>& br) {
       detail::ItemScratch& s = detail::item_scratch().local();
       for (size_t i = br.begin(); i < br.end(); ++i) {
@@ -362,7 +398,7 @@ inline void attend_unified(const HeadShape& shape, const UnifiedBatch& b, const 
     const detail::Schedule sc = detail::make_schedule(
         1, shape.n_kv_heads, group, d, n_threads, [&](int) { return b.n_rows; },
         [&](int) { return b.kv.n_tokens; }, [&](int, int64_t, int64_t) { return b.kv.n_tokens; });
-    std::vector<float> ws(sc.ws_floats);
+    detail::Workspace ws(size_t(sc.ws_floats));
     tbb::parallel_for(tbb::blocked_range<size_t>(0, sc.items.size(), 1), [&](const tbb::blocked_range<size_t>& br) {
       detail::ItemScratch& s = detail::item_scratch().local();
       for (size_t i = br.begin(); i < br.end(); ++i) {
