@@ -94,6 +94,7 @@ GenerateResult generate(const llama::Model& model, const std::vector<std::vector
     const PromptTree& tree = res.tree;
     res.n_prompt_stored = tree.n_tokens();
     KvCache cache(int(hp.n_layer), hp.head_shape(), params.kv_dtype, params.attn);
+    if (params.cost_model) cache.set_cost_model(*params.cost_model);
 
     // --- prefill: every tree node once, in order (parents first), in chunks of at most n_batch rows ---
     const auto t_prompt = Clock::now();
@@ -233,6 +234,7 @@ GenerateResult generate(const llama::Model& model, const std::vector<std::vector
     }
     res.kv_tokens = cache.stored_tokens();
     res.kv_bytes = cache.kv_bytes();
+    res.cost_model = cache.cost_model();
   });
   return res;
 }

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,7 @@ struct GenerateParams {
   AttnMethod attn = AttnMethod::auto_;  // cascade, regrouped where a shared pass does not pay
   DType kv_dtype = DType::f16;
   SamplerParams sampling;
+  std::optional<CostModel> cost_model;  // auto: this profile instead of calibrating
   void validate() const;
 };
 
@@ -73,6 +75,7 @@ struct GenerateResult {
   std::vector<StepStat> steps;
   int64_t n_decode_tokens = 0;   // tokens fed in decode steps
   int64_t kv_tokens = 0;         // stored K/V tokens at the end (each copy counted)
+  std::optional<CostModel> cost_model;  // auto: the profile used (given or calibrated), if any was needed
   size_t kv_bytes = 0;           // and their bytes over all layers
 };
 

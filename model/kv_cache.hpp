@@ -44,6 +44,9 @@ class KvCache {
   KvCache(int n_layer, const HeadShape& shape, DType dtype, AttnMethod method);
 
   AttnMethod method() const { return method_; }
+  // auto's cost model: set one (a saved profile) to skip calibration; empty until set or calibrated.
+  void set_cost_model(const CostModel& m) { cost_ = m; }
+  const std::optional<CostModel>& cost_model() const { return cost_; }
   DType dtype() const { return dtype_; }
   const HeadShape& shape() const { return shape_; }
   int n_layer() const { return n_layer_; }
@@ -108,7 +111,7 @@ class KvCache {
   HeadShape shape_;
   DType dtype_;
   AttnMethod method_;
-  std::optional<CostModel> cost_;  // auto: calibrated on the first attend()
+  std::optional<CostModel> cost_;  // auto: given, or calibrated at the first attend() with a shared span
   std::vector<Segment> segs_;
 
   // unified layout

@@ -274,6 +274,8 @@ TEST_CASE("generate: bad input gives one error line, nothing on stdout, exit cod
       "-s x",
       m + "-c 8 -p 'This prompt is certainly longer than eight tokens, by a wide margin.'",
       "-p a -f b",
+      "--cost-model",
+      "--cost-model ''",
   };
   for (const std::string& args : cases) {
     CAPTURE(args);
@@ -359,6 +361,13 @@ TEST_CASE("generate: bad files and bad prompts give one error line naming the pr
        "template"},
       {std::string("-m ") + kModel + " -p \"$(printf 'caf\\303 au lait')\" -n 4", "UTF-8"},
       {std::string("-m ") + kModel + " -p 'Hello' -np 4096 -n 8000 -c 8192", "K/V cache would need"},
+      {"-m " + std::string(kModel) + p + "--cost-model " + write_temp("cost.txt", "read_bw 1e9\n"),
+       "cost model profile"},
+      {"-m " + std::string(kModel) + p + "--cost-model " + write_temp("cost2.txt", "cascade-cost-model 1\nread_bw -3\n"),
+       "read_bw"},
+      {"-m " + std::string(kModel) + p + "--cost-model " CASCADE_BINARY_DIR, "not a file"},
+      {"-m " + std::string(kModel) + p + "--cost-model /nonexistent/dir/cost.txt", "cannot write"},
+      {"-m " + std::string(kModel) + p + "--attn cascade --cost-model x.txt", "--attn auto"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.args);
@@ -370,6 +379,33 @@ TEST_CASE("generate: bad files and bad prompts give one error line naming the pr
     CHECK(count_lines(r.err) == 1);
     CHECK(r.err.find(c.needle) != std::string::npos);
   }
-  for (const char* name : {"i32_norm.gguf", "truncated.gguf", "text.gguf", "arch.gguf", "chat.gguf"})
+  for (const char* name : {"i32_norm.gguf", "truncated.gguf", "text.gguf", "arch.gguf", "chat.gguf", "cost.txt", "cost2.txt"})
     std::remove((std::string(CASCADE_BINARY_DIR "/tests/") + std::to_string(getpid()) + "_" + name).c_str());
+}
+
+TEST_CASE("generate: --cost-model writes the calibrated profile once and reads it on later runs") {
+  require_model();
+  const std::string path = std::string(CASCADE_BINARY_DIR "/tests/") + std::to_string(getpid()) + "_profile.txt";
+  std::remove(path.c_str());
+  const std::string args = std::string("-m ") + kModel + " -p 'The best way to learn a language is' --temp 0 -n 12 -np 3 -t 2 --cost-model " + path;
+  const Run first = run_tool(args);
+  REQUIRE(first.rc == 0);
+  CHECK(first.err.find("written to") != std::string::npos);
+  const CostModel m = CostModel::load(path);
+  CHECK(m.n_kv_heads == 3);  // calibrated with the model's own head shape
+  CHECK(m.head_dim == 64);
+  const Run second = run_tool(args);
+  REQUIRE(second.rc == 0);
+  CHECK(second.err.find("written to") == std::string::npos);
+  CHECK(second.out == first.out);
+  // A profile that makes every shared pass look dear folds every span; greedy text stays the same.
+  CostModel dear = m;
+  dear.tiled_item_s = 1.0;
+  dear.item_s = 1e-9;
+  dear.read_bw = 1e15;
+  dear.save(path);
+  const Run third = run_tool(args);
+  REQUIRE(third.rc == 0);
+  CHECK(third.out == first.out);
+  std::remove(path.c_str());
 }

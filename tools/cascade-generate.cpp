@@ -3,7 +3,7 @@
 //
 //   cascade-generate [-m MODEL.gguf] [-p TEXT | -f FILE] [-n N] [-np N] [-c N] [-t N] [-b N] [--temp T]
 //                    [--top-k K] [--top-p P] [--min-p P] [-s SEED] [--attn auto|cascade|split|unified]
-//                    [--kv-type f16|f32] [--chat] [--ignore-eos] [--stats-every N] [--json]
+//                    [--cost-model FILE] [--kv-type f16|f32] [--chat] [--ignore-eos] [--stats-every N] [--json]
 //
 // stdout: each sequence's text (or, with --json, one JSON object). stderr: progress, the periodic
 // `decode[STEP]: X ms, avg Y ms` lines and the final timings. Any problem: exactly one line
@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -58,6 +59,8 @@ constexpr const char* kUsage =
     "                        sequences or folded into them, as a cost model calibrated on this machine\n"
     "                        at the first shared step predicts faster, include/cascade/auto.hpp),\n"
     "                        cascade, split or unified\n"
+    "  --cost-model FILE     auto's cost model: read this profile when FILE exists, else calibrate at the\n"
+    "                        first shared step and write the profile to FILE (later runs skip calibration)\n"
     "  --kv-type TYPE        K/V storage: f16 (default) or f32\n"
     "  --chat                wrap each prompt in the model's chat template as a user message\n"
     "  --ignore-eos          keep generating past end-of-generation tokens (fixed-length runs for timing)\n"
@@ -66,7 +69,7 @@ constexpr const char* kUsage =
 
 struct Options {
   std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-  std::optional<std::string> prompt, file;
+  std::optional<std::string> prompt, file, cost_model;
   cascade::GenerateParams gen;
   bool random_seed = true;
   bool chat = false;
@@ -145,6 +148,9 @@ std::optional<Options> parse_args(int argc, char** argv) {
       }
     } else if (a == "--attn") {
       o.gen.attn = cascade::parse_attn_method(value());
+    } else if (a == "--cost-model") {
+      o.cost_model = value();
+      CASCADE_CHECK(!o.cost_model->empty(), "--cost-model needs a file name");
     } else if (a == "--kv-type") {
       const std::string v = value();
       CASCADE_CHECK(v == "f16" || v == "f32", "--kv-type must be f16 or f32 (got '", v, "')");
@@ -339,6 +345,27 @@ int run(int argc, char** argv) {
                   " of memory is available: lower -np, -n or -c");
   }
 
+  // auto's profile: read it, or make sure it can be written once calibrated.
+  cascade::GenerateParams gen = o.gen;
+  bool save_cost_model = false;
+  if (o.cost_model) {
+    const std::string& path = *o.cost_model;
+    CASCADE_CHECK(o.gen.attn == cascade::AttnMethod::auto_, "--cost-model is for --attn auto (got --attn ",
+                  cascade::attn_method_name(o.gen.attn), ")");
+    std::error_code ec;
+    if (std::filesystem::exists(path, ec)) {
+      CASCADE_CHECK(std::filesystem::is_regular_file(path, ec), "cost model profile '", path, "' is not a file");
+      gen.cost_model = cascade::CostModel::load(path);
+    } else {
+      {
+        std::ofstream probe(path);
+        CASCADE_CHECK(bool(probe), "cannot write the cost model profile '", path, "'");
+      }
+      std::filesystem::remove(path, ec);
+      save_cost_model = true;
+    }
+  }
+
   // From here on nothing fails on bad input: progress may go to stderr.
   const int n_threads = o.gen.n_threads > 0 ? o.gen.n_threads : tbb::info::default_concurrency();
   std::fprintf(stderr, "cascade-generate: %zu prompt(s), %d sequence(s) each, -n %d, --attn %s, K/V %s, %d threads\n",
@@ -351,7 +378,11 @@ int run(int argc, char** argv) {
       std::fprintf(stderr, "decode[%d]: %.1f ms, avg %.1f ms\n", step + 1, st.ms, sum_ms / (step + 1));
   };
   const cascade::GenerateResult r =
-      cascade::generate(model, prompts, o.gen, [&](int32_t id) { return !o.ignore_eos && tok.is_eog(id); }, on_step);
+      cascade::generate(model, prompts, gen, [&](int32_t id) { return !o.ignore_eos && tok.is_eog(id); }, on_step);
+  if (save_cost_model && r.cost_model) {
+    r.cost_model->save(*o.cost_model);
+    std::fprintf(stderr, "cascade-generate: cost model calibrated and written to %s\n", o.cost_model->c_str());
+  }
 
   double decode_ms = 0, decode_attn_ms = 0, share_sum = 0;
   for (const cascade::StepStat& st : r.steps) {

@@ -55,6 +55,7 @@ namespace cascade {
 
 struct CostModel {
   int n_threads = 0;        // the thread count it was measured with (0: all of the machine's)
+  int n_kv_heads = 0, head_dim = 0;  // the head shape it was measured with (0: not recorded)
   double read_bw = 10e9;    // bytes/s, streaming read of a buffer
   double small_bw = 10e9;   // few-rows kernel: K/V bytes/s
   double small_mac = 20e9;  // few-rows kernel: multiply-adds/s
@@ -103,7 +104,7 @@ struct CostModel {
     std::ostringstream os;
     os.precision(9);
     os << "cascade-cost-model 1\n"
-       << "n_threads " << n_threads << "\nread_bw " << read_bw << "\nsmall_bw " << small_bw << "\nsmall_mac "
+       << "n_threads " << n_threads << "\nn_kv_heads " << n_kv_heads << "\nhead_dim " << head_dim << "\nread_bw " << read_bw << "\nsmall_bw " << small_bw << "\nsmall_mac "
        << small_mac << "\ntiled_bw " << tiled_bw << "\ntiled_mac " << tiled_mac << "\nitem_s " << item_s
        << "\ntiled_item_s " << tiled_item_s << "\n";
     return os.str();
@@ -120,8 +121,9 @@ struct CostModel {
                                                    {"tiled_mac", &c.tiled_mac}, {"item_s", &c.item_s},
                                                    {"tiled_item_s", &c.tiled_item_s}};
     while (is >> key) {
-      if (key == "n_threads") {
-        CASCADE_CHECK(is >> c.n_threads && c.n_threads >= 0, "cost model profile: bad n_threads");
+      if (key == "n_threads" || key == "n_kv_heads" || key == "head_dim") {
+        int& v = key == "n_threads" ? c.n_threads : key == "n_kv_heads" ? c.n_kv_heads : c.head_dim;
+        CASCADE_CHECK(is >> v && v >= 0, "cost model profile: bad ", key);
         continue;
       }
       auto it = fields.find(key);
@@ -249,6 +251,8 @@ inline CostModel calibrate(int n_threads = 0, const HeadShape& like = HeadShape{
                 like.head_dim);
   CostModel c;
   c.n_threads = n_threads;
+  c.n_kv_heads = like.n_kv_heads;
+  c.head_dim = like.head_dim;
   const HeadShape shape{like.n_kv_heads, like.n_kv_heads, like.head_dim};
   const cpu::Options opt{n_threads};
   std::mt19937 rng(7);
