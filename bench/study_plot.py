@@ -87,6 +87,7 @@ def summarize_decode(runs):
         entry["model"] = os.path.basename(any_d["model"])
         for meth, d in by.items():
             e = {"decode_ms": d["decode_ms"], "attn_ms": d["attn_ms"], "kv_bytes": d["kv_bytes"],
+                 "calibrate_ms": d.get("calibrate_ms", 0),
                  "prompt_ms": d["prompt_ms"], "min_active": min(d["active"][:n]) if n else 0, "windows": {}}
             for label, a, b in windows(n):
                 e["windows"][label] = {"step_ms": mean(d["step_ms"][a:b]), "attn_ms": mean(d["step_attn_ms"][a:b])}
@@ -243,12 +244,12 @@ def write_md(path, machine, dec, kernel, cross, ac):
             L.append(f"| {lab} | " + " | ".join(f"{w[m]['step_ms']:.1f} ({w[m]['attn_ms']:.1f})" for m in meths) +
                      f" | {ratio('unified', 'step_ms')} | {ratio('split', 'step_ms')} | {ratio('unified', 'attn_ms')} |")
         L.append("")
-        L.append("| method | decode s | attention s | K/V MiB at end | fewest active sequences |")
-        L.append("|---|---|---|---|---|")
+        L.append("| method | decode s | attention s | K/V MiB at end | fewest active sequences | calibration s |")
+        L.append("|---|---|---|---|---|---|")
         for m in meths:
             x = e["methods"][m]
             L.append(f"| {m} | {x['decode_ms'] / 1e3:.1f} | {x['attn_ms'] / 1e3:.1f} | {x['kv_bytes'] / 2**20:.1f} |"
-                     f" {x['min_active']} |")
+                     f" {x['min_active']} | {x['calibrate_ms'] / 1e3:.2f} |")
         L.append("")
     for name, items in kernel.items():
         L.append(f"## kernel sweep: {name}")

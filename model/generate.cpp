@@ -94,7 +94,14 @@ GenerateResult generate(const llama::Model& model, const std::vector<std::vector
     const PromptTree& tree = res.tree;
     res.n_prompt_stored = tree.n_tokens();
     KvCache cache(int(hp.n_layer), hp.head_shape(), params.kv_dtype, params.attn);
-    if (params.cost_model) cache.set_cost_model(*params.cost_model);
+    if (params.cost_model) {
+      cache.set_cost_model(*params.cost_model);
+    } else if (params.attn == AttnMethod::auto_ && n_seq >= 2) {
+      // Calibrated once up front, timed on its own, so no prefill or decode step carries it.
+      const auto t_cal = Clock::now();
+      cache.set_cost_model(calibrate(params.n_threads, hp.head_shape()));
+      res.calibrate_ms = ms_since(t_cal);
+    }
 
     // --- prefill: every tree node once, in order (parents first), in chunks of at most n_batch rows ---
     const auto t_prompt = Clock::now();

@@ -76,6 +76,7 @@ struct GenerateResult {
   int64_t n_decode_tokens = 0;   // tokens fed in decode steps
   int64_t kv_tokens = 0;         // stored K/V tokens at the end (each copy counted)
   std::optional<CostModel> cost_model;  // auto: the profile used (given or calibrated), if any was needed
+  double calibrate_ms = 0;              // auto: time spent calibrating it (0 when given or not needed)
   size_t kv_bytes = 0;           // and their bytes over all layers
 };
 

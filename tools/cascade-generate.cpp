@@ -404,6 +404,7 @@ int run(int argc, char** argv) {
        << ",\"n_predict\":" << o.gen.n_predict << ",\"n_prompts\":" << prompts.size()
        << ",\"n_prompt_tokens\":" << r.n_prompt_tokens << ",\"n_prompt_stored\":" << r.n_prompt_stored
        << ",\"prompt_ms\":" << json_number(r.prompt_ms) << ",\"prompt_attn_ms\":" << json_number(r.prompt_attn_ms)
+       << ",\"calibrate_ms\":" << json_number(r.calibrate_ms)
        << ",\"prompt_tokens_per_s\":"
        << json_number(r.prompt_ms > 0 ? 1e3 * double(r.n_prompt_stored) / r.prompt_ms : 0)
        << ",\"n_decode_tokens\":" << r.n_decode_tokens << ",\"decode_ms\":" << json_number(decode_ms)
@@ -448,6 +449,9 @@ int run(int argc, char** argv) {
                n_steps > 0 ? decode_ms / n_steps : 0.0);
   std::fprintf(stderr, "attention        = %10.2f ms of decode (%.1f%% of each step on average), %.2f ms of prefill\n",
                decode_attn_ms, 100 * attn_share, r.prompt_attn_ms);
+  if (r.calibrate_ms > 0)
+    std::fprintf(stderr, "auto calibration = %10.2f ms, once, before the prefill (--cost-model FILE keeps it)\n",
+                 r.calibrate_ms);
   std::fprintf(stderr, "prompt tokens    = %lld in the prompts, %lld stored in the tree (%zu nodes); K/V at the end: "
                "%lld tokens, %.2f MiB\n",
                static_cast<long long>(r.n_prompt_tokens), static_cast<long long>(r.n_prompt_stored),
