@@ -240,8 +240,9 @@ void KvCache::attend(int il, const float* q, float* o, const cpu::Options& opt) 
   for (const Entry& e : entries_) n_query.push_back(e.n_rows);
   const Plan plan = step_independent_ ? Plan::independent(shape_, std::move(views), n_query)
                                       : Plan::build(shape_, std::move(views), step_paths_, n_query);
-  // auto: the cascade tree, regrouped where a shared pass does not pay (auto.hpp). Calibrated once, at
-  // the first step where some span is shared (a lone sequence has nothing to choose).
+  // auto: the cascade tree, regrouped where a shared pass does not pay (auto.hpp). The cost model is given
+  // (generate() sets it), or calibrated once here, at the first step where some span is shared (a lone
+  // sequence has nothing to choose).
   if (method_ == AttnMethod::auto_ && !step_independent_ && plan.n_sequences() >= 2) {
     if (!cost_) cost_ = calibrate(opt.n_threads, shape_);
     cpu::attend(choose_plan(plan, *cost_), q, o, nullptr, opt);
