@@ -309,8 +309,17 @@ TEST_CASE("workspace: a thread's kept buffer is reused, a call made while it is 
     cpu::detail::Workspace b(10);  // as an attend started while `a`'s call is still running would
     CHECK(b.data() != a.data());
   }
-  cpu::detail::Workspace c(500);  // no larger than before: the same buffer again
-  CHECK(c.data() == kept);
+  {
+    cpu::detail::Workspace c(500);  // no larger than before: the same buffer again
+    CHECK(c.data() == kept);
+  }
+  {
+    cpu::detail::Workspace big(size_t(32) << 20);  // 128 MiB of floats, then a small call gives it back
+    big.data()[0] = 1.0f;
+  }
+  cpu::detail::Workspace small(1000);
+  CHECK(small.data() != nullptr);
+  CHECK(cpu::detail::Workspace::kept_floats() < (size_t(1) << 20));
 }
 
 TEST_CASE("extreme scores: |s| up to 1e4 stay finite and exact") {

@@ -211,6 +211,10 @@ class Workspace {
       leased_ = true;
       buf_ = &kept();
     }
+    // Grow as needed; give memory back after a call much larger than this one, so one large batch
+    // does not pin its workspace for the thread's lifetime.
+    if (buf_->size() > 8 * n_floats && buf_->size() > (size_t(16) << 20) / sizeof(float))
+      std::vector<float>().swap(*buf_);
     if (buf_->size() < n_floats) buf_->resize(n_floats);
   }
   ~Workspace() {
@@ -220,6 +224,8 @@ class Workspace {
   Workspace& operator=(const Workspace&) = delete;
   float* data() { return buf_->data(); }
   const float* data() const { return buf_->data(); }
+  // Floats held by this thread's kept buffer (for tests and memory accounting).
+  static size_t kept_floats() { return kept().size(); }
 
  private:
   static std::vector<float>& kept() {
