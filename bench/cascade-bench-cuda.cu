@@ -50,16 +50,8 @@ using cascade::HeadShape;
     if (st_ != CUBLAS_STATUS_SUCCESS) cascade::detail::fail(what, ": cuBLAS status ", int(st_)); \
   } while (0)
 
-struct Args {
-  std::vector<int64_t> batch{32}, prefix{1230}, suffix{1024};
-  HeadShape shape{9, 3, 64};
-  std::string shape_name = "smollm2-135m";
-  std::vector<DType> dtypes{DType::f16};
-  std::vector<std::string> methods{"cascade", "split", "unified"};
-  std::vector<int> threads{0};
-  int reps = 20, warmup = 3;
-  std::string format = "md";
-  bool flush = true, graph = false;
+struct CudaArgs : bench::Args {
+  bool graph = false;
 };
 
 
@@ -81,74 +73,21 @@ void usage() {
       "  -o md|csv|json      output format (default md)\n");
 }
 
-Args parse_args(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) die(f + " needs a value");
-      return argv[++i];
-    };
-    if (f == "-h" || f == "--help") {
-      usage();
-      std::exit(0);
-    } else if (f == "--batch") {
-      a.batch = parse_int_list(f, value(), 1, 4096);
-    } else if (f == "--prefix") {
-      a.prefix = parse_int_list(f, value(), 0, 1 << 24);
-    } else if (f == "--suffix") {
-      a.suffix = parse_int_list(f, value(), 0, 1 << 24);
-    } else if (f == "--shape") {
-      const std::string name = value();
-      auto it = presets().find(name);
-      if (it == presets().end()) die("--shape: unknown preset '" + name + "' (see --help)");
-      a.shape = it->second;
-      a.shape_name = name;
-    } else if (f == "--heads") {
-      const std::string v = value();
-      int q, kv, d;
-      char tail;
-      if (std::sscanf(v.c_str(), "%d/%d/%d%c", &q, &kv, &d, &tail) != 3) die("--heads: expected Q/KV/D, got '" + v + "'");
-      a.shape = {q, kv, d};
-      try {
-        a.shape.validate();
-      } catch (const cascade::Error& e) {
-        die(std::string("--heads: ") + e.what());
-      }
-      if (!cascade::cuda::head_dim_supported(d)) die("--heads: head dim " + std::to_string(d) + " has no CUDA kernel");
-      a.shape_name = v;
-    } else if (f == "--kv-dtype") {
-      a.dtypes.clear();
-      for (const auto& s : split_list(value())) {
-        try {
-          a.dtypes.push_back(cascade::parse_dtype(s));
-        } catch (const cascade::Error& e) {
-          die(std::string("--kv-dtype: ") + e.what());
-        }
-        if (a.dtypes.back() == DType::f32) die("--kv-dtype: the CUDA kernels take f16 or bf16 K/V");
-      }
-    } else if (f == "--method") {
-      a.methods = split_list(value());
-      for (const auto& m : a.methods)
-        if (m != "cascade" && m != "split" && m != "unified")
-          die("--method: unknown method '" + m + "' (cascade, split, unified)");
-    } else if (f == "--threads") {
-      (void)parse_int_list(f, value(), 0, 1024);
-    } else if (f == "--reps") {
-      a.reps = int(parse_int(f, value(), 1, 100000));
-    } else if (f == "--warmup") {
-      a.warmup = int(parse_int(f, value(), 0, 100000));
-    } else if (f == "--no-flush") {
-      a.flush = false;
-    } else if (f == "--graph") {
-      a.graph = true;
-    } else if (f == "-o") {
-      a.format = value();
-      if (a.format != "md" && a.format != "csv" && a.format != "json") die("-o: expected md, csv or json");
-    } else {
-      die("unknown flag '" + f + "' (see --help)");
-    }
-  }
+CudaArgs parse_args(int argc, char** argv) {
+  CudaArgs a;
+  a.methods = {"cascade", "split", "unified"};
+  a.reps = 20;
+  a.warmup = 3;
+  parse_flags(argc, argv, a, {"cascade", "split", "unified"}, usage, [&](const std::string& f, auto&) {
+    if (f != "--graph") return false;
+    a.graph = true;
+    return true;
+  });
+  // --threads is taken for cascade-bench compatibility and ignored: the device sets its own parallelism.
+  if (!cascade::cuda::head_dim_supported(a.shape.head_dim))
+    die("--heads: head dim " + std::to_string(a.shape.head_dim) + " has no CUDA kernel");
+  for (DType dt : a.dtypes)
+    if (dt == DType::f32) die("--kv-dtype: the CUDA kernels take f16 or bf16 K/V");
   return a;
 }
 
@@ -311,7 +250,7 @@ size_t free_memory() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args a = parse_args(argc, argv);
+  const CudaArgs a = parse_args(argc, argv);
   std::vector<Row> rows;
   try {
     if (cascade::cuda::device_count() == 0) die("no CUDA device");

@@ -39,20 +39,6 @@ using namespace bench;
 using cascade::DType;
 using cascade::HeadShape;
 
-
-struct Args {
-  std::vector<int64_t> batch{32}, prefix{1230}, suffix{1024};
-  HeadShape shape{9, 3, 64};
-  std::string shape_name = "smollm2-135m";
-  std::vector<DType> dtypes{DType::f16};
-  std::vector<std::string> methods{"cascade", "split", "unified", "auto"};
-  std::vector<int> threads{0};
-  int reps = 5, warmup = 1;
-  std::string format = "md";
-  bool flush = true;
-};
-
-
 void usage() {
   std::printf(
       "usage: cascade-bench [options]\n"
@@ -74,69 +60,9 @@ void usage() {
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) die(f + " needs a value");
-      return argv[++i];
-    };
-    if (f == "-h" || f == "--help") {
-      usage();
-      std::exit(0);
-    } else if (f == "--batch") {
-      a.batch = parse_int_list(f, value(), 1, 4096);
-    } else if (f == "--prefix") {
-      a.prefix = parse_int_list(f, value(), 0, 1 << 24);
-    } else if (f == "--suffix") {
-      a.suffix = parse_int_list(f, value(), 0, 1 << 24);
-    } else if (f == "--shape") {
-      const std::string name = value();
-      auto it = presets().find(name);
-      if (it == presets().end()) die("--shape: unknown preset '" + name + "' (see --help)");
-      a.shape = it->second;
-      a.shape_name = name;
-    } else if (f == "--heads") {
-      const std::string v = value();
-      int q, kv, d;
-      char tail;
-      if (std::sscanf(v.c_str(), "%d/%d/%d%c", &q, &kv, &d, &tail) != 3) die("--heads: expected Q/KV/D, got '" + v + "'");
-      a.shape = {q, kv, d};
-      try {
-        a.shape.validate();
-      } catch (const cascade::Error& e) {
-        die(std::string("--heads: ") + e.what());
-      }
-      a.shape_name = v;
-    } else if (f == "--kv-dtype") {
-      a.dtypes.clear();
-      for (const auto& s : split_list(value())) {
-        try {
-          a.dtypes.push_back(cascade::parse_dtype(s));
-        } catch (const cascade::Error& e) {
-          die(std::string("--kv-dtype: ") + e.what());
-        }
-      }
-    } else if (f == "--method") {
-      a.methods = split_list(value());
-      for (const auto& m : a.methods)
-        if (m != "cascade" && m != "split" && m != "unified" && m != "auto")
-          die("--method: unknown method '" + m + "' (cascade, split, unified, auto)");
-    } else if (f == "--threads") {
-      a.threads.clear();
-      for (auto t : parse_int_list(f, value(), 0, 1024)) a.threads.push_back(int(t));
-    } else if (f == "--reps") {
-      a.reps = int(parse_int(f, value(), 1, 100000));
-    } else if (f == "--warmup") {
-      a.warmup = int(parse_int(f, value(), 0, 100000));
-    } else if (f == "--no-flush") {
-      a.flush = false;
-    } else if (f == "-o") {
-      a.format = value();
-      if (a.format != "md" && a.format != "csv" && a.format != "json") die("-o: expected md, csv or json");
-    } else {
-      die("unknown flag '" + f + "' (see --help)");
-    }
-  }
+  a.methods = {"cascade", "split", "unified", "auto"};
+  parse_flags(argc, argv, a, {"cascade", "split", "unified", "auto"}, usage,
+              [](const std::string&, auto&) { return false; });
   return a;
 }
 

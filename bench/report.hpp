@@ -1,4 +1,4 @@
-// What cascade-bench and cascade-bench-cuda share: the comma-list flags, the head-shape presets, a result
+// What cascade-bench and cascade-bench-cuda share: the flags and their parsing, the head-shape presets, a result
 // row, its statistics, and the md / csv / json outputs (one format for both, so rows can be compared).
 #pragma once
 
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cascade/dtype.hpp"
+#include "cascade/error.hpp"
 #include "cascade/plan.hpp"
 
 namespace bench {
@@ -54,6 +55,93 @@ const std::map<std::string, HeadShape>& presets() {
       {"llama2-7b", {32, 32, 128}},   {"qwen2.5-7b", {28, 4, 128}}, {"mistral-7b", {32, 8, 128}},
   };
   return p;
+}
+
+// The flags both benchmarks take. Each program starts from its own defaults.
+struct Args {
+  std::vector<int64_t> batch{32}, prefix{1230}, suffix{1024};
+  HeadShape shape{9, 3, 64};
+  std::string shape_name = "smollm2-135m";
+  std::vector<DType> dtypes{DType::f16};
+  std::vector<std::string> methods;
+  std::vector<int> threads{0};
+  int reps = 5, warmup = 1;
+  std::string format = "md";
+  bool flush = true;
+};
+
+// Parses argv into a. `known` lists the methods --method accepts; `usage` prints --help; `extra(flag,
+// value)` takes the program's own flags (value() reads the next argument) and returns false for an
+// unknown one.
+template <class Extra>
+void parse_flags(int argc, char** argv, Args& a, const std::vector<std::string>& known, void (*usage)(),
+                 Extra extra) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) die(f + " needs a value");
+      return argv[++i];
+    };
+    if (f == "-h" || f == "--help") {
+      usage();
+      std::exit(0);
+    } else if (f == "--batch") {
+      a.batch = parse_int_list(f, value(), 1, 4096);
+    } else if (f == "--prefix") {
+      a.prefix = parse_int_list(f, value(), 0, 1 << 24);
+    } else if (f == "--suffix") {
+      a.suffix = parse_int_list(f, value(), 0, 1 << 24);
+    } else if (f == "--shape") {
+      const std::string name = value();
+      auto it = presets().find(name);
+      if (it == presets().end()) die("--shape: unknown preset '" + name + "' (see --help)");
+      a.shape = it->second;
+      a.shape_name = name;
+    } else if (f == "--heads") {
+      const std::string v = value();
+      int q, kv, d;
+      char tail;
+      if (std::sscanf(v.c_str(), "%d/%d/%d%c", &q, &kv, &d, &tail) != 3) die("--heads: expected Q/KV/D, got '" + v + "'");
+      a.shape = {q, kv, d};
+      try {
+        a.shape.validate();
+      } catch (const cascade::Error& e) {
+        die(std::string("--heads: ") + e.what());
+      }
+      a.shape_name = v;
+    } else if (f == "--kv-dtype") {
+      a.dtypes.clear();
+      for (const auto& s : split_list(value())) {
+        try {
+          a.dtypes.push_back(cascade::parse_dtype(s));
+        } catch (const cascade::Error& e) {
+          die(std::string("--kv-dtype: ") + e.what());
+        }
+      }
+    } else if (f == "--method") {
+      a.methods = split_list(value());
+      for (const auto& m : a.methods)
+        if (std::find(known.begin(), known.end(), m) == known.end()) {
+          std::string list;
+          for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+          die("--method: unknown method '" + m + "' (" + list + ")");
+        }
+    } else if (f == "--threads") {
+      a.threads.clear();
+      for (auto t : parse_int_list(f, value(), 0, 1024)) a.threads.push_back(int(t));
+    } else if (f == "--reps") {
+      a.reps = int(parse_int(f, value(), 1, 100000));
+    } else if (f == "--warmup") {
+      a.warmup = int(parse_int(f, value(), 0, 100000));
+    } else if (f == "--no-flush") {
+      a.flush = false;
+    } else if (f == "-o") {
+      a.format = value();
+      if (a.format != "md" && a.format != "csv" && a.format != "json") die("-o: expected md, csv or json");
+    } else if (!extra(f, value)) {
+      die("unknown flag '" + f + "' (see --help)");
+    }
+  }
 }
 
 struct Row {
