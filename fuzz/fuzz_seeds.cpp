@@ -290,7 +290,7 @@ int main(int argc, char** argv) {
     make_dir(out);
     for (const char* sub : {"/gguf", "/tokenizer", "/plan"}) make_dir(out + sub);
     gguf_seeds(out + "/gguf");
-    tokenizer_seeds(out + "/tokenizer", CASCADE_SHARED_DIR "/testdata/tokenizer");
+    tokenizer_seeds(out + "/tokenizer", CASCADE_TESTDATA_DIR "/tokenizer");
     plan_seeds(out + "/plan");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fuzz_seeds: %s\n", e.what());

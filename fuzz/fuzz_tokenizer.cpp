@@ -4,7 +4,7 @@
 //   2 the same vocabulary with Llama 3's pre-tokenizer ("llama-bpe": whole-word tokens skip the merges)
 //   3 Llama SentencePiece BPE (testdata ggml-vocab-llama-spm.gguf)
 //   4 the real SmolLM2 vocabulary, when the model file exists (CASCADE_FUZZ_MODEL overrides its path)
-// The testdata folder is CASCADE_SHARED_DIR/testdata/tokenizer (CASCADE_FUZZ_TESTDATA overrides it).
+// The testdata folder is CASCADE_TESTDATA_DIR/tokenizer (CASCADE_FUZZ_TESTDATA overrides it).
 //
 // Input: byte 0 picks the vocabulary (low 3 bits, modulo the count) and the flags (bit 4 add_special, bit 5
 // parse_special, bit 6 render_special, bit 7: the rest is token ids, 3 bytes each, not text).
@@ -42,7 +42,7 @@ std::string env_or(const char* var, const std::string& dflt) {
 Vocab load(const std::string& path) { return load_vocab(gguf::File::open(path)); }
 
 std::vector<Entry> load_all() {
-  const std::string dir = env_or("CASCADE_FUZZ_TESTDATA", CASCADE_SHARED_DIR "/testdata/tokenizer");
+  const std::string dir = env_or("CASCADE_FUZZ_TESTDATA", CASCADE_TESTDATA_DIR "/tokenizer");
   std::vector<Entry> out;
   try {
     const Vocab gpt2 = load(dir + "/ggml-vocab-gpt-2.gguf");

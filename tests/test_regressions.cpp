@@ -17,7 +17,7 @@ using cascade::Tokenizer;
 
 namespace {
 
-const std::string kVectors = CASCADE_SHARED_DIR "/testdata/tokenizer/";
+const std::string kVectors = CASCADE_TESTDATA_DIR "/tokenizer/";
 
 const Tokenizer& llama_spm() {
   static const Tokenizer tok(cascade::load_vocab(cascade::gguf::File::open(kVectors + "ggml-vocab-llama-spm.gguf")));

@@ -26,7 +26,7 @@ using cascade::Vocab;
 
 namespace {
 
-const std::string kVectors = CASCADE_SHARED_DIR "/testdata/tokenizer/";
+const std::string kVectors = CASCADE_TESTDATA_DIR "/tokenizer/";
 const std::string kModel = CASCADE_MODEL_PATH;
 
 std::string read_file(const std::string& path) {
@@ -89,7 +89,7 @@ std::vector<Case> read_cases(const std::string& vocab_path) {
 
 Tokenizer load(const std::string& path) {
   REQUIRE_MESSAGE(std::filesystem::exists(path), "missing file ", path,
-                  " (tokenizer vectors: the shared testdata folder; the model: run scripts/setup.sh)");
+                  " (tokenizer vectors: tests/data/tokenizer; the model: run scripts/setup.sh)");
   return Tokenizer(cascade::load_vocab(cascade::gguf::File::open(path)));
 }
 
