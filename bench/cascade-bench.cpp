@@ -6,6 +6,8 @@
 // read once, 4*B*n_q_heads*(P + t)*head_dim FLOPs), the time those imply at the measured bandwidth and
 // matrix-multiply rate (limit_ms, the larger of the two), and the fraction reached, limit_ms / median_ms.
 // Caches are flushed before every timed repetition, so K/V comes from memory as in a real decode step.
+#include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
+
 #include <tbb/info.h>
 
 #include <algorithm>

@@ -3,6 +3,8 @@
 // shared pass uses, one per thread). Both use the thread count of the rows they are compared with.
 #pragma once
 
+#include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
+
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>

@@ -1,5 +1,7 @@
 #include "model/generate.hpp"
 
+#include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
+
 #include <tbb/task_arena.h>
 
 #include <algorithm>

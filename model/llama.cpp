@@ -1,5 +1,7 @@
 #include "model/llama.hpp"
 
+#include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
+
 #include <tbb/parallel_for.h>
 
 #include <Eigen/Core>
@@ -7,10 +9,6 @@
 #include <cmath>
 #include <optional>
 #include <string>
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
 
 #include "cascade/error.hpp"
 #include "model/gguf.hpp"

@@ -1,4 +1,6 @@
 // cascade == split == unified == reference on fresh random problems, the edge cases, and bad input.
+#include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
+
 #include <doctest/doctest.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>

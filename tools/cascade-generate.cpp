@@ -11,6 +11,8 @@
 //
 // JSON strings: valid UTF-8 is written as is (control characters as \u00XX, `"` and `\` escaped); every
 // byte that is not part of valid UTF-8 becomes \uFFFD, so the output is always valid JSON and valid UTF-8.
+#include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
+
 #include <tbb/info.h>
 
 #include <algorithm>

@@ -27,6 +27,8 @@
 // calibrate() fits the rates by running cpu::attend on synthetic plans that isolate each term.
 #pragma once
 
+#include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
+
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/info.h>
 #include <tbb/parallel_for.h>

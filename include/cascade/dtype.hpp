@@ -2,14 +2,12 @@
 // K/V may be stored as f32, f16 (IEEE half) or bf16 (upper 16 bits of an f32).
 #pragma once
 
+#include "cascade/simd.hpp"  // first: it brings in the intrinsics
+
 #include <Eigen/Core>
 #include <cstdint>
 #include <cstring>
 #include <string_view>
-
-#if defined(__F16C__) || defined(__AVX2__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 #include "cascade/error.hpp"
 

@@ -14,6 +14,8 @@
 // The "split" baseline is a plan too (Plan::independent, the prefix copied into every sequence).
 #pragma once
 
+#include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
+
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/info.h>
 #include <tbb/parallel_for.h>

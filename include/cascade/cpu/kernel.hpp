@@ -6,6 +6,8 @@
 // L1-sized blocks and multiplied with Eigen's matrix products; the softmax runs row by row on the tile.
 #pragma once
 
+#include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
+
 #include <Eigen/Core>
 #include <algorithm>
 #include <cstdint>

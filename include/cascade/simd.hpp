@@ -1,0 +1,90 @@
+// x86 intrinsics and what this CPU can run.
+//
+// Include this header before anything that may include <immintrin.h> (Eigen, oneTBB): it is where the
+// intrinsics enter a translation unit of this project.
+//
+// cpu_features() reads CPUID (and XGETBV: the OS must save the wide registers) once. Kernels compiled for
+// an instruction set with __attribute__((target(...))) are called only when cpu_features() says the CPU has
+// it, so one build runs on any x86-64 and picks the widest path the machine offers.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define CASCADE_X86 1
+// GCC 12.1 and 12.2 ship AVX-512 intrinsics whose "undefined" pass-through operand (`__m512 __Y = __Y;` in
+// _mm512_undefined_ps and friends) draws -Wmaybe-uninitialized at every inlined use, in Eigen's code as in
+// ours (GCC bug 105593, fixed in 12.3). The pragma covers only the compiler's own header, and only where it
+// is first included: our code keeps the warning.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12 && __GNUC_MINOR__ < 3
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#else
+#include <immintrin.h>
+#endif
+#include <cpuid.h>
+#else
+#define CASCADE_X86 0
+#endif
+
+namespace cascade {
+
+struct CpuFeatures {
+  bool avx2 = false, fma = false, f16c = false;                // the AVX2 + FMA tier (Haswell, Zen 1 and later)
+  bool avx_vnni = false;                                       // 256-bit vpdpbusd (Alder Lake, Zen 5)
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
+  bool avx512_vnni = false, avx512_bf16 = false;               // vpdpbusd, vdpbf16ps on zmm
+  // The tiers the kernels are written for.
+  bool has_avx2_tier() const { return avx2 && fma && f16c; }
+  bool has_avx512_tier() const { return has_avx2_tier() && avx512f && avx512bw && avx512vl && avx512dq; }
+};
+
+namespace detail {
+
+inline CpuFeatures read_cpu_features() {
+  CpuFeatures f;
+#if CASCADE_X86
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return f;
+  const unsigned max_leaf = a;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = c & (1u << 27), avx = c & (1u << 28);
+  f.fma = c & (1u << 12);
+  f.f16c = c & (1u << 29);
+  if (!osxsave || !avx) return CpuFeatures{};
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  const uint64_t xcr0 = (uint64_t(hi) << 32) | lo;            // the register state the OS saves
+  const bool ymm_saved = (xcr0 & 0x6) == 0x6;                 // SSE and AVX
+  const bool zmm_saved = ymm_saved && (xcr0 & 0xe0) == 0xe0;  // opmask, upper ZMM0-15, ZMM16-31
+  if (!ymm_saved) return CpuFeatures{};
+  if (max_leaf >= 7) {
+    __cpuid_count(7, 0, a, b, c, d);
+    f.avx2 = b & (1u << 5);
+    if (zmm_saved) {
+      f.avx512f = b & (1u << 16);
+      f.avx512dq = b & (1u << 17);
+      f.avx512bw = b & (1u << 30);
+      f.avx512vl = b & (1u << 31);
+      f.avx512_vnni = c & (1u << 11);
+    }
+    __cpuid_count(7, 1, a, b, c, d);
+    f.avx_vnni = a & (1u << 4);
+    if (zmm_saved) f.avx512_bf16 = a & (1u << 5);
+  }
+#endif
+  return f;
+}
+
+}  // namespace detail
+
+// What this CPU (and its OS) can run; read once.
+inline const CpuFeatures& cpu_features() {
+  static const CpuFeatures features = detail::read_cpu_features();
+  return features;
+}
+
+}  // namespace cascade
