@@ -27,8 +27,9 @@ struct Bytes {
   std::vector<uint8_t> b;
   template <class T>
   Bytes& put(T v) {
-    const auto* p = reinterpret_cast<const uint8_t*>(&v);
-    b.insert(b.end(), p, p + sizeof(T));
+    const size_t at = b.size();
+    b.resize(at + sizeof(T));
+    std::memcpy(b.data() + at, &v, sizeof(T));
     return *this;
   }
   Bytes& u8(uint8_t v) { return put(v); }
