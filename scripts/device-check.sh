@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of the CUDA path, for a machine with an NVIDIA GPU and CUDA but none of the project's
 # dependencies (Eigen, oneTBB and doctest come from .device-deps, made here by
-#   ../shared/device/pack-deps.sh .device-deps
+#   scripts/pack-device-deps.sh
 # and carried along). Builds for sm_90 (only the CUDA tests, the schedule test and cascade-bench-cuda), runs
 # the CUDA tests, runs cascade-bench-cuda at the headline point (llama3-8b heads 32/8/128, bf16 K/V,
 # batch 128, prefix 32768, suffix 256; cascade, split, unified) and a small sweep, and times PyTorch's
@@ -21,7 +21,7 @@ status=0
 say() { echo "[device-check +$(($(date +%s) - t0))s] $*" | tee -a "$out/summary.txt"; }
 fail() { say "FAILED: $*"; status=1; }
 
-[ -d "$deps" ] || { say "no .device-deps/usr: run ../shared/device/pack-deps.sh .device-deps here and carry it"; exit 2; }
+[ -d "$deps" ] || { say "no .device-deps/usr: run scripts/pack-device-deps.sh here and carry .device-deps"; exit 2; }
 { nvidia-smi; nvcc --version; cmake --version | head -1; } > "$out/machine.txt" 2>&1
 say "machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null)"
 
