@@ -6,9 +6,16 @@
 // cpu_features() reads CPUID (and XGETBV: the OS must save the wide registers) once. Kernels compiled for
 // an instruction set with __attribute__((target(...))) are called only when cpu_features() says the CPU has
 // it, so one build runs on any x86-64 and picks the widest path the machine offers.
+//
+// Isa names the tiers the kernels are written for. active_isa() is the widest tier the CPU has, lowered by
+// set_isa_limit() (tests run every tier the machine can; benchmarks and tools report the one they ran).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <string_view>
+
+#include "cascade/error.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define CASCADE_X86 1
@@ -86,5 +93,61 @@ inline const CpuFeatures& cpu_features() {
   static const CpuFeatures features = detail::read_cpu_features();
   return features;
 }
+
+// Kernel tiers, each a superset of the one before: plain C++ (any CPU), AVX2 + FMA + F16C, AVX-512
+// (F, BW, VL, DQ). Finer features inside a tier (VNNI, BF16) are read from cpu_features() by the kernel.
+enum class Isa : uint8_t { portable = 0, avx2 = 1, avx512 = 2 };
+
+inline const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::portable: return "portable";
+    case Isa::avx2: return "avx2";
+    case Isa::avx512: return "avx512";
+  }
+  return "?";
+}
+
+inline Isa parse_isa(std::string_view s) {
+  if (s == "portable") return Isa::portable;
+  if (s == "avx2") return Isa::avx2;
+  if (s == "avx512") return Isa::avx512;
+  detail::fail("unknown instruction set '", s, "' (expected portable, avx2 or avx512)");
+}
+
+// The widest tier this CPU runs.
+inline Isa detected_isa() {
+  const CpuFeatures& f = cpu_features();
+  return f.has_avx512_tier() ? Isa::avx512 : f.has_avx2_tier() ? Isa::avx2 : Isa::portable;
+}
+
+namespace detail {
+inline std::atomic<uint8_t>& isa_limit() {
+  static std::atomic<uint8_t> limit{uint8_t(Isa::avx512)};
+  return limit;
+}
+}  // namespace detail
+
+// Caps the tier every kernel may use from now on, in every thread (default: no cap). A cap above what the
+// CPU has changes nothing.
+inline void set_isa_limit(Isa isa) { detail::isa_limit().store(uint8_t(isa), std::memory_order_relaxed); }
+
+// The tier kernels use: the CPU's widest, at most the limit.
+inline Isa active_isa() {
+  const uint8_t cap = detail::isa_limit().load(std::memory_order_relaxed);
+  const Isa found = detected_isa();
+  return uint8_t(found) < cap ? found : Isa(cap);
+}
+
+// Sets a limit for one scope and puts the previous one back after it.
+class IsaLimit {
+ public:
+  explicit IsaLimit(Isa isa) : saved_(Isa(detail::isa_limit().load())) { set_isa_limit(isa); }
+  ~IsaLimit() { set_isa_limit(saved_); }
+  IsaLimit(const IsaLimit&) = delete;
+  IsaLimit& operator=(const IsaLimit&) = delete;
+
+ private:
+  Isa saved_;
+};
 
 }  // namespace cascade

@@ -1,0 +1,68 @@
+// simd.hpp: the CPU features read from CPUID against the kernel's own report (/proc/cpuinfo), and the
+// instruction-set tier and its limit.
+#include "cascade/simd.hpp"
+
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+namespace {
+
+// The flags line of /proc/cpuinfo, or an empty set where there is none.
+std::set<std::string> proc_cpu_flags() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    std::set<std::string> flags;
+    for (std::string w; words >> w;) flags.insert(w);
+    return flags;
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("simd: CPUID features agree with the kernel's /proc/cpuinfo flags") {
+  const auto flags = proc_cpu_flags();
+  if (flags.empty()) {
+    MESSAGE("no /proc/cpuinfo flags here: nothing to compare with");
+    return;
+  }
+  const cascade::CpuFeatures& f = cascade::cpu_features();
+  const auto has = [&](const char* name) { return flags.count(name) > 0; };
+  CHECK(f.avx2 == has("avx2"));
+  CHECK(f.fma == has("fma"));
+  CHECK(f.f16c == has("f16c"));
+  CHECK(f.avx512f == has("avx512f"));
+  CHECK(f.avx512bw == has("avx512bw"));
+  CHECK(f.avx512vl == has("avx512vl"));
+  CHECK(f.avx512dq == has("avx512dq"));
+  CHECK(f.avx512_vnni == has("avx512_vnni"));
+  CHECK(f.avx512_bf16 == has("avx512_bf16"));
+  CHECK(f.avx_vnni == has("avx_vnni"));
+}
+
+TEST_CASE("simd: the active tier is the CPU's widest, capped by the limit in one scope") {
+  using cascade::Isa;
+  const Isa found = cascade::detected_isa();
+  CHECK(cascade::active_isa() == found);
+  {
+    cascade::IsaLimit cap(Isa::portable);
+    CHECK(cascade::active_isa() == Isa::portable);
+    {
+      cascade::IsaLimit wider(Isa::avx512);  // a cap above the CPU changes nothing
+      CHECK(cascade::active_isa() == found);
+    }
+    CHECK(cascade::active_isa() == Isa::portable);
+  }
+  CHECK(cascade::active_isa() == found);
+  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512}) CHECK(cascade::parse_isa(cascade::isa_name(isa)) == isa);
+  CHECK_THROWS_WITH_AS(cascade::parse_isa("sse9"),
+                       doctest::Contains("unknown instruction set 'sse9' (expected portable, avx2 or avx512)"),
+                       cascade::Error);
+}
