@@ -5,6 +5,10 @@
 //                            OUT_DIR/tokenizer/* the tokenizer test strings (testdata *.inp) behind a
 //                                              vocabulary/flags byte, chat text with special tokens, token ids
 //                            OUT_DIR/plan/*     plans in fuzz_plan's format (plan_input.hpp)
+//                            OUT_DIR/model/*    tiny Llama models: f32, Q8_0, Q4_1, f16/bf16/Q4_0 weights, tied
+//                                              and untied outputs, GQA and not, u32 and u64 counts, with a
+//                                              byte-level BPE or a SentencePiece vocabulary (ChatML / Llama 3
+//                                              template) of as many tokens as token_embd has rows, or none
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -19,12 +23,14 @@
 #include "model/gguf.hpp"
 #include "model/quant.hpp"
 #include "model/tokenizer.hpp"
+#include "model_seed.hpp"
 #include "plan_input.hpp"
 
 namespace {
 
 using namespace cascade;
 using namespace cascade::gguf;
+using namespace cascade::fuzz;
 
 void write_file(const std::string& path, const void* data, size_t n) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
@@ -36,33 +42,6 @@ void write_file(const std::string& path, const std::vector<uint8_t>& b) { write_
 
 void make_dir(const std::string& path) {
   if (mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) detail::fail("fuzz_seeds: cannot create ", path);
-}
-
-// Block bytes of a tensor with plausible scales: f16 fields 1.0 where the layout has them, the rest a pattern.
-std::vector<uint8_t> tensor_bytes(TensorType t, const std::vector<int64_t>& ne) {
-  uint64_t n = row_bytes(t, ne[0]);
-  for (size_t d = 1; d < ne.size(); ++d) n *= uint64_t(ne[d]);
-  std::vector<uint8_t> b(n);
-  for (size_t k = 0; k < n; ++k) b[k] = uint8_t(k * 37 + 11);
-  const uint16_t one = fp32_to_fp16(1.0f);
-  const auto put_half = [&](size_t at) { std::memcpy(&b[at], &one, 2); };
-  const uint64_t bb = block_bytes(t);
-  for (uint64_t blk = 0; blk * bb < n; ++blk) {
-    const size_t at = size_t(blk * bb);
-    switch (t) {
-      case TensorType::Q4_0: case TensorType::Q8_0: put_half(at); break;
-      case TensorType::Q4_1: case TensorType::Q4_K: case TensorType::Q5_K: put_half(at); put_half(at + 2); break;
-      case TensorType::Q6_K: put_half(at + 208); break;
-      default: break;
-    }
-  }
-  if (t == TensorType::F32) {
-    for (size_t k = 0; k + 4 <= n; k += 4) {
-      const float x = float(k) / 64.0f - 1.0f;
-      std::memcpy(&b[k], &x, 4);
-    }
-  }
-  return b;
 }
 
 std::vector<uint8_t> all_types_file(uint32_t alignment) {
@@ -103,15 +82,6 @@ std::vector<uint8_t> all_types_file(uint32_t alignment) {
   }
   return w.to_bytes();
 }
-
-const char* kChatml =
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
-    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
-const char* kLlama3 =
-    "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
-    "'<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}";
 
 // A small byte-level BPE vocabulary: the 256 byte tokens, a few merges, ChatML specials.
 std::vector<uint8_t> bpe_vocab_file() {
@@ -178,6 +148,50 @@ std::vector<uint8_t> spm_vocab_file() {
   w.set_u32("tokenizer.ggml.unknown_token_id", 0);
   w.set_string("tokenizer.chat_template", kLlama3);
   return w.to_bytes();
+}
+
+void model_seeds(const std::string& dir) {
+  ModelSeed f32_bpe;  // f32, tied, GQA 2/1, byte-level BPE vocabulary with ChatML
+  f32_bpe.n_vocab = 16;
+  f32_bpe.vocab = 1;
+  write_file(dir + "/f32_bpe.gguf", model_file(f32_bpe));
+
+  ModelSeed q8;  // Q8_0 kept, untied, u64 counts, rope base and a partial rotation, SentencePiece with Llama 3
+  q8.n_embd = 32;
+  q8.n_head = 4;
+  q8.n_head_kv = 2;
+  q8.n_ff = 32;
+  q8.n_rot = 4;
+  q8.n_vocab = 10;
+  q8.matrices = TensorType::Q8_0;
+  q8.tied = false;
+  q8.u64 = true;
+  q8.rope_base = true;
+  q8.vocab = 2;
+  write_file(dir + "/q8_0_spm.gguf", model_file(q8));
+
+  ModelSeed q4 = q8;  // Q4_1 kept, two layers, no head_count_kv (no GQA), no vocabulary
+  q4.matrices = TensorType::Q4_1;
+  q4.n_head = 2;
+  q4.n_layer = 2;
+  q4.write_head_count_kv = false;
+  q4.n_rot = 0;
+  q4.vocab = 0;
+  q4.tied = true;
+  q4.u64 = false;
+  write_file(dir + "/q4_1.gguf", model_file(q4));
+
+  ModelSeed mixed = q4;  // Q4_0 matrices (dequantized at load), f16 norms
+  mixed.matrices = TensorType::Q4_0;
+  mixed.norms = TensorType::F16;
+  mixed.n_layer = 1;
+  write_file(dir + "/q4_0_f16.gguf", model_file(mixed));
+
+  ModelSeed bf = f32_bpe;  // bf16 everywhere, untied, MHA 4/4
+  bf.matrices = bf.norms = TensorType::BF16;
+  bf.n_head = bf.n_head_kv = 4;
+  bf.tied = false;
+  write_file(dir + "/bf16_bpe.gguf", model_file(bf));
 }
 
 void gguf_seeds(const std::string& dir) {
@@ -288,10 +302,11 @@ int main(int argc, char** argv) {
   try {
     const std::string out = argv[1];
     make_dir(out);
-    for (const char* sub : {"/gguf", "/tokenizer", "/plan"}) make_dir(out + sub);
+    for (const char* sub : {"/gguf", "/tokenizer", "/plan", "/model"}) make_dir(out + sub);
     gguf_seeds(out + "/gguf");
     tokenizer_seeds(out + "/tokenizer", CASCADE_TESTDATA_DIR "/tokenizer");
     plan_seeds(out + "/plan");
+    model_seeds(out + "/model");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fuzz_seeds: %s\n", e.what());
     return 1;

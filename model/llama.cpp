@@ -394,6 +394,15 @@ Hparams Hparams::from_gguf(const gguf::File& f) {
   CASCADE_CHECK(embd->ne.size() == 2, f.name(), ": tensor 'token_embd.weight' has shape ", shape_str(embd->ne),
                 ", expected [n_embd, n_vocab]");
   hp.n_vocab = embd->ne[1];
+  // Token ids index token_embd's rows: a vocabulary (or vocab_size) of another length would let the tokenizer
+  // make ids the model has no row for, or the model sample ids the tokenizer has no text for.
+  const gguf::Value* tokens = f.find("tokenizer.ggml.tokens");
+  if (tokens != nullptr && tokens->is_array())
+    CASCADE_CHECK(int64_t(tokens->count) == hp.n_vocab, f.name(), ": the vocabulary has ", tokens->count,
+                  " tokens but token_embd.weight has ", hp.n_vocab, " rows");
+  if (const auto n = f.get_uint_opt("llama.vocab_size"))
+    CASCADE_CHECK(*n == uint64_t(hp.n_vocab), f.name(), ": llama.vocab_size is ", *n, " but token_embd.weight has ",
+                  hp.n_vocab, " rows");
   try {
     hp.validate();
   } catch (const Error& e) {
@@ -403,9 +412,11 @@ Hparams Hparams::from_gguf(const gguf::File& f) {
 }
 
 void Hparams::validate() const {
+  CASCADE_CHECK(n_vocab <= INT32_MAX, "n_vocab ", n_vocab, " does not fit a token id (int32)");
   CASCADE_CHECK(n_vocab > 0 && n_embd > 0 && n_layer > 0 && n_ff > 0 && n_head > 0 && n_head_kv > 0,
                 "hyperparameters must be positive (n_vocab ", n_vocab, ", n_embd ", n_embd, ", n_layer ", n_layer,
                 ", n_ff ", n_ff, ", n_head ", n_head, ", n_head_kv ", n_head_kv, ")");
+  CASCADE_CHECK(n_ctx_train > 0, "context_length must be positive (it is the default context)");
   CASCADE_CHECK(n_embd % n_head == 0, "embedding_length ", n_embd, " is not a multiple of head_count ", n_head);
   CASCADE_CHECK(head_dim == n_embd / n_head, "head_dim ", head_dim, " != n_embd / n_head");
   CASCADE_CHECK(n_head % n_head_kv == 0, "head_count (", n_head, ") is not a multiple of head_count_kv (",
@@ -435,10 +446,11 @@ Model Model::load(const gguf::File& f, bool keep_quantized) {
   w.output_norm = load_vector(f, "output_norm.weight", d);
   w.tied = f.find_tensor("output.weight") == nullptr;
   if (!w.tied) w.output = load_linear(f, "output.weight", d, hp.n_vocab, keep_quantized);
-  w.layers.resize(size_t(hp.n_layer));
+  // Layer by layer, so a block_count larger than the file's tensors fails at the first missing tensor
+  // instead of allocating every layer up front.
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const std::string p = "blk." + std::to_string(il) + ".";
-    Layer& l = w.layers[il];
+    Layer& l = w.layers.emplace_back();
     l.attn_norm = load_vector(f, p + "attn_norm.weight", d);
     l.wq = load_linear(f, p + "attn_q.weight", d, dq, keep_quantized);
     l.wk = load_linear(f, p + "attn_k.weight", d, dkv, keep_quantized);

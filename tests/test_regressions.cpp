@@ -9,8 +9,10 @@
 
 #include "cascade/error.hpp"
 #include "cascade/plan.hpp"
+#include "fuzz/model_seed.hpp"
 #include "fuzz/plan_input.hpp"
 #include "model/gguf.hpp"
+#include "model/llama.hpp"
 #include "model/tokenizer.hpp"
 
 using cascade::Tokenizer;
@@ -43,6 +45,17 @@ cascade::Plan build_huge_plan(const std::vector<uint8_t>& input) {
     n_query.push_back(s.n_query);
   }
   return cascade::Plan::build(shape, views, paths, n_query);
+}
+
+// Model::load's error on a fuzz_model seed (fuzz/model_seed.hpp) changed as the case says; "" when it loads.
+std::string model_load_error(const cascade::fuzz::ModelSeed& seed) {
+  const cascade::gguf::File file = cascade::gguf::File::from_bytes(cascade::fuzz::model_file(seed), "seed.gguf");
+  try {
+    (void)cascade::llama::Model::load(file);
+  } catch (const cascade::Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace
@@ -82,4 +95,40 @@ TEST_CASE("regression: plan: a sequence with more keys than int64 holds is refus
   // A total just below 2^63 is still a plan.
   input[6 + 7] = 0x3f;  // the first segment becomes 2^62 - 2^56 tokens
   CHECK_NOTHROW(build_huge_plan(input));
+}
+
+// fuzz_model, a 10 KB mutation of the seed q8_0_spm.gguf whose llama.block_count (u64) read 16,580,352 with the
+// tensors of one layer: Model::load sized the layer list from block_count before reading any layer's tensors,
+// asking for 10 GB (out of memory under the fuzzer; std::bad_alloc, not an Error, at block_count 2^30). Now layers
+// are read one after another and the first missing tensor ends the load. Fixed in model/llama.cpp (Model::load).
+TEST_CASE("regression: model: a block_count far beyond the file's tensors is a missing tensor, not an allocation") {
+  cascade::fuzz::ModelSeed seed;  // one layer of f32 tensors
+  for (uint64_t block_count : {uint64_t(16580352), uint64_t(1) << 30}) {
+    seed.block_count = block_count;
+    CAPTURE(block_count);
+    const std::string e = model_load_error(seed);
+    CHECK(e.find("missing tensor 'blk.1.attn_norm.weight'") != std::string::npos);
+  }
+  seed.block_count = 0;
+  CHECK(model_load_error(seed).empty());
+}
+
+// fuzz_model, the seed bf16_bpe.gguf as first written: 13 tokens in its vocabulary, 12 rows in token_embd. The
+// model loaded and its tokenizer made id 12, which the model has no embedding for (the target's check that the
+// two agree stopped it). Now a vocabulary, or a llama.vocab_size, that differs from token_embd's rows is an
+// Error. Fixed in model/llama.cpp (Hparams::from_gguf).
+TEST_CASE("regression: model: a vocabulary longer or shorter than token_embd is refused") {
+  cascade::fuzz::ModelSeed seed;
+  seed.n_vocab = 16;
+  seed.vocab = 1;  // byte-level BPE
+  CHECK(model_load_error(seed).empty());
+  for (int n_tokens : {13, 17}) {
+    seed.vocab_tokens = n_tokens;
+    const std::string e = model_load_error(seed);
+    CHECK(e.find("the vocabulary has " + std::to_string(n_tokens) + " tokens but token_embd.weight has 16 rows") !=
+          std::string::npos);
+  }
+  seed.vocab = 2;  // SentencePiece
+  seed.vocab_tokens = 9;
+  CHECK(model_load_error(seed).find("the vocabulary has 9 tokens") != std::string::npos);
 }
