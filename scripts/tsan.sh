@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The concurrent parts under ThreadSanitizer: a separate build in build-tsan (g++, -fsanitize=thread), every
+# report fatal. Extra arguments go to each suite (doctest flags, e.g. -tc='concurrency*').
+#   scripts/tsan.sh
+#
+# What runs: the suites whose code runs on several threads at once, one after another, each bounded in time:
+#   test_concurrency  attend, forward passes over one model and one tokenizer, from several plain threads at once
+#   test_attention    attend's own work items on oneTBB's threads, and attend called from parallel tasks
+#   test_llama        the forward pass (matrix rows split over threads) and the KV cache's three methods
+#
+# oneTBB. Debian's libtbb is not instrumented: the scheduler's synchronization happens inside it, where
+# ThreadSanitizer cannot see it, so every parallel_for reports races between a task and the thread that waits for
+# it (false ones; ~80 in test_attention alone). Suppressing them would hide real races in our own task bodies, so
+# instead this script builds oneTBB itself with its TBB_SANITIZE=thread option, from the Debian source package
+# of the very version installed (apt-get source, into build-tsan/onetbb, once), and builds the tests against it.
+# Without libtbbmalloc beside it, that libtbb allocates with malloc, which ThreadSanitizer watches. No
+# suppressions are needed or used.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+start=$SECONDS
+root=$PWD/build-tsan
+tbb_prefix=$root/onetbb/install
+src_version=$(dpkg-query -W -f='${source:Version}' libtbb-dev)
+upstream=${src_version%%-*}
+
+# --- oneTBB with TBB_SANITIZE=thread, once per installed version ---
+if [[ "$(cat "$tbb_prefix/version" 2>/dev/null)" != "$src_version" ]]; then
+  rm -rf "$root/onetbb"
+  mkdir -p "$root/onetbb/apt/lists/partial" "$root/onetbb/src"
+  # A private source list and index folder: the machine's own apt configuration is left as it is.
+  . /etc/os-release
+  keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+  {
+    echo "deb-src [signed-by=$keyring] http://deb.debian.org/debian $VERSION_CODENAME $VERSION_CODENAME-updates main"
+    echo "deb-src [signed-by=$keyring] http://deb.debian.org/debian-security $VERSION_CODENAME-security main"
+  } >"$root/onetbb/apt/sources.list"
+  apt_opts=(-o "Dir::Etc::SourceList=$root/onetbb/apt/sources.list" -o Dir::Etc::SourceParts=/nonexistent
+            -o "Dir::State::Lists=$root/onetbb/apt/lists")
+  echo "tsan: fetching the source of onetbb $src_version" >&2
+  apt-get "${apt_opts[@]}" update -qq
+  (cd "$root/onetbb/src" && apt-get "${apt_opts[@]}" source --download-only -qq "onetbb=$src_version" 2>/dev/null)
+  tar -xf "$root/onetbb/src/onetbb_$upstream.orig.tar.xz" -C "$root/onetbb/src"
+  # The Debian patches only touch other architectures' builds and the library's own tests, built here with neither.
+  echo "tsan: building oneTBB $upstream with -fsanitize=thread" >&2
+  cmake -S "$root/onetbb/src/oneTBB-$upstream" -B "$root/onetbb/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_COMPILER=g++ -DCMAKE_C_COMPILER=gcc -DTBB_SANITIZE=thread -DTBB_TEST=OFF -DTBB_EXAMPLES=OFF \
+    -DTBB_STRICT=OFF -DTBBMALLOC_BUILD=OFF -DTBBMALLOC_PROXY_BUILD=OFF -DTBB_ENABLE_IPO=OFF \
+    -DCMAKE_INSTALL_PREFIX="$tbb_prefix" >/dev/null
+  # GCC warns (-Wtsan) that ThreadSanitizer does not model atomic_thread_fence, which oneTBB uses around putting
+  # its workers to sleep and waking them; what tasks hand each other goes through atomics it does model. Those
+  # warnings are about oneTBB's code, not ours: the build's output goes to a log, shown only if it fails.
+  if ! cmake --build "$root/onetbb/build" -j2 >"$root/onetbb/build.log" 2>&1; then
+    tail -40 "$root/onetbb/build.log" >&2
+    exit 1
+  fi
+  cmake --install "$root/onetbb/build" >/dev/null
+  echo "$src_version" >"$tbb_prefix/version"
+fi
+
+# --- the suites, against that oneTBB ---
+san="-fsanitize=thread"
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=g++ -DCMAKE_CXX_FLAGS="-O1 -g $san" \
+  -DCMAKE_EXE_LINKER_FLAGS="$san" -DTBB_DIR="$tbb_prefix/lib/cmake/TBB" \
+  -DCASCADE_BUILD_BENCH=OFF -DCASCADE_BUILD_TOOLS=OFF -DCASCADE_CUDA=OFF >/dev/null
+suites=(test_concurrency test_attention test_llama)
+cmake --build build-tsan -j2 --target "${suites[@]}"
+if ldd build-tsan/tests/test_attention | grep -q '/libtbb.so' &&
+   ! ldd build-tsan/tests/test_attention | grep -q "$tbb_prefix/lib/libtbb.so"; then
+  echo "tsan: the tests do not load the instrumented libtbb from $tbb_prefix" >&2
+  exit 1
+fi
+
+export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
+failed=0
+for t in "${suites[@]}"; do
+  t0=$SECONDS
+  rc=0
+  # A hung suite counts as a failure: 15 minutes is several times what any of them takes.
+  (cd build-tsan/tests && timeout 900 "./$t" "$@") >"build-tsan/$t.log" 2>&1 || rc=$?
+  summary=$(grep -m1 'test cases:' "build-tsan/$t.log" | sed 's/^\[doctest\] *//' || true)
+  printf 'tsan: %-17s %4d s  %s\n' "$t" $((SECONDS - t0)) "${summary:-no summary (exit $rc)}"
+  if ((rc != 0)); then
+    failed=1
+    echo "tsan: $t failed (exit $rc); the end of build-tsan/$t.log:" >&2
+    tail -60 "build-tsan/$t.log" >&2
+  fi
+done
+((failed)) || echo "tsan: passed in $((SECONDS - start)) s"
+exit $failed
