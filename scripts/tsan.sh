@@ -23,7 +23,6 @@ start=$SECONDS
 root=$PWD/build-tsan
 tbb_prefix=$root/onetbb/install
 src_version=$(dpkg-query -W -f='${source:Version}' libtbb-dev)
-upstream=${src_version%%-*}
 
 # --- oneTBB with TBB_SANITIZE=thread, once per installed version ---
 if [[ "$(cat "$tbb_prefix/version" 2>/dev/null)" != "$src_version" ]]; then
@@ -37,14 +36,17 @@ if [[ "$(cat "$tbb_prefix/version" 2>/dev/null)" != "$src_version" ]]; then
     echo "deb-src [signed-by=$keyring] http://deb.debian.org/debian-security $VERSION_CODENAME-security main"
   } >"$root/onetbb/apt/sources.list"
   apt_opts=(-o "Dir::Etc::SourceList=$root/onetbb/apt/sources.list" -o Dir::Etc::SourceParts=/nonexistent
-            -o "Dir::State::Lists=$root/onetbb/apt/lists")
+            -o "Dir::State::Lists=$root/onetbb/apt/lists" -o APT::Sandbox::User=root)
   echo "tsan: fetching the source of onetbb $src_version" >&2
   apt-get "${apt_opts[@]}" update -qq
-  (cd "$root/onetbb/src" && apt-get "${apt_opts[@]}" source --download-only -qq "onetbb=$src_version" 2>/dev/null)
-  tar -xf "$root/onetbb/src/onetbb_$upstream.orig.tar.xz" -C "$root/onetbb/src"
+  # The installed version; if the archive has moved on, its current one (the tests then build against its headers).
+  (cd "$root/onetbb/src" && { apt-get "${apt_opts[@]}" source --download-only -qq "onetbb=$src_version" ||
+                              apt-get "${apt_opts[@]}" source --download-only -qq onetbb; })
+  tar -xf "$(ls "$root"/onetbb/src/onetbb_*.orig.tar.* | head -1)" -C "$root/onetbb/src"
+  tbb_src=$(find "$root/onetbb/src" -mindepth 1 -maxdepth 1 -type d -name 'oneTBB-*' | head -1)
   # The Debian patches only touch other architectures' builds and the library's own tests, built here with neither.
-  echo "tsan: building oneTBB $upstream with -fsanitize=thread" >&2
-  cmake -S "$root/onetbb/src/oneTBB-$upstream" -B "$root/onetbb/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  echo "tsan: building $(basename "$tbb_src") with -fsanitize=thread" >&2
+  cmake -S "$tbb_src" -B "$root/onetbb/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_COMPILER=g++ -DCMAKE_C_COMPILER=gcc -DTBB_SANITIZE=thread -DTBB_TEST=OFF -DTBB_EXAMPLES=OFF \
     -DTBB_STRICT=OFF -DTBBMALLOC_BUILD=OFF -DTBBMALLOC_PROXY_BUILD=OFF -DTBB_ENABLE_IPO=OFF \
     -DCMAKE_INSTALL_PREFIX="$tbb_prefix" >/dev/null
