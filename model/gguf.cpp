@@ -793,8 +793,8 @@ std::vector<uint8_t> Writer::to_bytes() const {
   const auto pad = [&](std::vector<uint8_t>& out) {
     out.resize((out.size() + alignment_ - 1) / alignment_ * alignment_, 0);
   };
-  std::vector<uint8_t> out;
-  out.insert(out.end(), {'G', 'G', 'U', 'F'});
+  std::vector<uint8_t> out(4);
+  std::memcpy(out.data(), "GGUF", 4);
   put<uint32_t>(out, 3);
   put<uint64_t>(out, tensors_.size());
   put<uint64_t>(out, entries_.size());
