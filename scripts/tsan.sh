@@ -32,7 +32,8 @@ if [[ "$(cat "$tbb_prefix/version" 2>/dev/null)" != "$src_version" ]]; then
   . /etc/os-release
   keyring=/usr/share/keyrings/debian-archive-keyring.gpg
   {
-    echo "deb-src [signed-by=$keyring] http://deb.debian.org/debian $VERSION_CODENAME $VERSION_CODENAME-updates main"
+    echo "deb-src [signed-by=$keyring] http://deb.debian.org/debian $VERSION_CODENAME main"
+    echo "deb-src [signed-by=$keyring] http://deb.debian.org/debian $VERSION_CODENAME-updates main"
     echo "deb-src [signed-by=$keyring] http://deb.debian.org/debian-security $VERSION_CODENAME-security main"
   } >"$root/onetbb/apt/sources.list"
   apt_opts=(-o "Dir::Etc::SourceList=$root/onetbb/apt/sources.list" -o Dir::Etc::SourceParts=/nonexistent
@@ -47,7 +48,7 @@ if [[ "$(cat "$tbb_prefix/version" 2>/dev/null)" != "$src_version" ]]; then
   # The Debian patches only touch other architectures' builds and the library's own tests, built here with neither.
   echo "tsan: building $(basename "$tbb_src") with -fsanitize=thread" >&2
   cmake -S "$tbb_src" -B "$root/onetbb/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CXX_COMPILER=g++ -DCMAKE_C_COMPILER=gcc -DTBB_SANITIZE=thread -DTBB_TEST=OFF -DTBB_EXAMPLES=OFF \
+    -DCMAKE_CXX_COMPILER=g++ -DTBB_SANITIZE=thread -DTBB_TEST=OFF -DTBB_EXAMPLES=OFF \
     -DTBB_STRICT=OFF -DTBBMALLOC_BUILD=OFF -DTBBMALLOC_PROXY_BUILD=OFF -DTBB_ENABLE_IPO=OFF \
     -DCMAKE_INSTALL_PREFIX="$tbb_prefix" >/dev/null
   # GCC warns (-Wtsan) that ThreadSanitizer does not model atomic_thread_fence, which oneTBB uses around putting
