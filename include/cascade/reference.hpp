@@ -5,11 +5,13 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "cascade/dtype.hpp"
+#include "cascade/error.hpp"
 #include "cascade/kv.hpp"
-#include "cascade/plan.hpp"
+#include "cascade/tree.hpp"
 
 namespace cascade {
 
@@ -32,7 +34,7 @@ inline double load(const KvView& kv, const void* base, int64_t t, int64_t h, int
 }  // namespace ref_detail
 
 // Sequence s attends the concatenation of seq_kv[s] with n_query[s] query tokens, the last positions of
-// its keys, causally (plan.hpp's convention). q: (sum n_query, n_q_heads, head_dim), rows in sequence
+// its keys, causally (tree.hpp's convention). q: (sum n_query, n_q_heads, head_dim), rows in sequence
 // order. o: same shape, lse: (rows, n_q_heads), natural log; a row that sees nothing gets (0, -inf).
 inline void reference_attention(const HeadShape& shape, double scale, const std::vector<std::vector<KvView>>& seq_kv,
                                 const std::vector<int64_t>& n_query, const float* q, double* o, double* lse) {
@@ -81,15 +83,22 @@ inline void reference_attention(const HeadShape& shape, double scale, const std:
   }
 }
 
-// The reference of a whole plan: each sequence attends the segments on its path.
-inline void reference_attention(const Plan& plan, const float* q, double* o, double* lse) {
-  std::vector<std::vector<KvView>> seq_kv(plan.n_sequences());
-  std::vector<int64_t> n_query(plan.n_sequences());
-  for (int s = 0; s < plan.n_sequences(); ++s) {
-    for (int g : plan.sequence(s).path) seq_kv[s].push_back(plan.segment(g));
-    n_query[s] = plan.sequence(s).n_query;
+// The reference of a tree: each sequence attends the segments on its path; kv[g] holds segment g.
+inline void reference_attention(const Tree& tree, std::span<const KvView> kv, const float* q, double* o,
+                                double* lse) {
+  CASCADE_CHECK(int64_t(kv.size()) == tree.n_segments(), "reference: ", kv.size(), " K/V views for ",
+                tree.n_segments(), " segments");
+  std::vector<std::vector<KvView>> seq_kv(size_t(tree.n_sequences()));
+  std::vector<int64_t> n_query(size_t(tree.n_sequences()));
+  for (int s = 0; s < tree.n_sequences(); ++s) {
+    for (int g : tree.sequence(s).path) {
+      CASCADE_CHECK(kv[size_t(g)].n_tokens == tree.n_tokens(g), "reference: segment ", g, " has ",
+                    kv[size_t(g)].n_tokens, " tokens, the tree ", tree.n_tokens(g));
+      seq_kv[size_t(s)].push_back(kv[size_t(g)]);
+    }
+    n_query[size_t(s)] = tree.sequence(s).n_query;
   }
-  reference_attention(plan.shape(), plan.scale(), seq_kv, n_query, q, o, lse);
+  reference_attention(tree.shape(), tree.scale(), seq_kv, n_query, q, o, lse);
 }
 
 }  // namespace cascade
