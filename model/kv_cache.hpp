@@ -9,7 +9,7 @@
 //                 and its position; each step appends the new tokens and every query row scores every key
 //                 under a mask (cpu::run_unified, llama.cpp's default).
 //
-// What each --attn method means lives in one place, below (method_layout, start_sequences, peak_kv_tokens):
+// What each --attn method means lives in one place, below (make_prefill_cache, start_sequences, peak_kv_tokens):
 //   cascade  a TreeCache; each sequence's own segment is a child of its prompt's last segment;
 //   auto     the same, and each step's plan regroups spans where a shared pass does not pay (auto.hpp);
 //   split    a TreeCache; each sequence's own segment is a root holding a copy of its whole prompt, attended

@@ -64,7 +64,7 @@ Partials run_items(const cuda::DeviceSchedule& sc, const HeadShape& shape, doubl
           }
           if (!vis) continue;
           double dot = 0;
-          for (int64_t c = 0; c < d; ++c) dot += double(qr[c]) * ref_detail::load(kv, kv.k, t, it.kvh, c);
+          for (int64_t c = 0; c < d; ++c) dot += double(qr[c]) * kv_element(kv, kv.k, t, it.kvh, c);
           s[size_t(t - it.t0)] = dot * scale;
           mx = std::max(mx, s[size_t(t - it.t0)]);
         }
@@ -79,7 +79,7 @@ Partials run_items(const cuda::DeviceSchedule& sc, const HeadShape& shape, doubl
           const double w = std::exp(s[size_t(t - it.t0)] - mx);
           sum += w;
           if (w == 0) continue;
-          for (int64_t c = 0; c < d; ++c) o[c] += w * ref_detail::load(kv, kv.v, t, it.kvh, c);
+          for (int64_t c = 0; c < d; ++c) o[c] += w * kv_element(kv, kv.v, t, it.kvh, c);
         }
         for (int64_t c = 0; c < d; ++c) o[c] /= sum;
         p.lse[size_t(it.slot + r)] = mx + std::log(sum);

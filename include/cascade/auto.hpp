@@ -89,10 +89,8 @@ struct CostModel {
   // Predicted seconds of the schedule of `tree` on `target`: the sum of its passes (a chain of segments
   // with the same rows is one pass).
   double plan_seconds(const Tree& tree, const Target& target, DType dtype) const {
-    Schedule s;
-    schedule_detail::add_passes(s, tree);
     double t = 0;
-    for (const Schedule::Pass& ps : s.passes)
+    for (const Schedule::Pass& ps : make_passes(tree).passes)
       t += pass_seconds(tree.shape(), target, dtype, ps.n_tokens, ps.n_token_rows);
     return t;
   }

@@ -15,8 +15,9 @@
 
 namespace cascade {
 
-namespace ref_detail {
-inline double load(const KvView& kv, const void* base, int64_t t, int64_t h, int64_t i) {
+// Element i of head h of token t of K (base = kv.k) or V (base = kv.v), as a double: the plain reading of
+// a view's layout (kv.hpp), without its helpers.
+inline double kv_element(const KvView& kv, const void* base, int64_t t, int64_t h, int64_t i) {
   int64_t off;
   if (kv.block_table) {
     off = int64_t(kv.block_table[t / kv.page_size]) * kv.stride_page + (t % kv.page_size) * kv.stride_token;
@@ -31,7 +32,6 @@ inline double load(const KvView& kv, const void* base, int64_t t, int64_t h, int
   }
   return 0;
 }
-}  // namespace ref_detail
 
 // Sequence s attends the concatenation of seq_kv[s] with n_query[s] query tokens, the last positions of
 // its keys, causally (tree.hpp's convention). q: (sum n_query, n_q_heads, head_dim), rows in sequence
@@ -58,7 +58,7 @@ inline void reference_attention(const HeadShape& shape, double scale, const std:
           for (int64_t t = 0; t < kv.n_tokens; ++t, ++key) {
             if (key > pos) break;
             double dot = 0;
-            for (int64_t c = 0; c < d; ++c) dot += double(qr[c]) * ref_detail::load(kv, kv.k, t, kvh, c);
+            for (int64_t c = 0; c < d; ++c) dot += double(qr[c]) * kv_element(kv, kv.k, t, kvh, c);
             scores.push_back(dot * scale);
             mx = std::max(mx, scores.back());
           }
@@ -74,7 +74,7 @@ inline void reference_attention(const HeadShape& shape, double scale, const std:
         for (const KvView& kv : seq_kv[s]) {
           for (int64_t t = 0; t < kv.n_tokens && key < int64_t(scores.size()); ++t, ++key) {
             const double w = scores[key] / sum;
-            for (int64_t c = 0; c < d; ++c) orow[c] += w * ref_detail::load(kv, kv.v, t, kvh, c);
+            for (int64_t c = 0; c < d; ++c) orow[c] += w * kv_element(kv, kv.v, t, kvh, c);
           }
         }
         lse[row * shape.n_q_heads + qh] = mx + std::log(sum);

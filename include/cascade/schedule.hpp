@@ -250,6 +250,13 @@ void add_merge_lists(Schedule& s, const HeadShape& shape, const Target& t, int64
 
 }  // namespace schedule_detail
 
+// The passes of a tree (step 1 alone: segs, rows and passes, no items): what the cost model prices.
+inline Schedule make_passes(const Tree& tree) {
+  Schedule s;
+  schedule_detail::add_passes(s, tree);
+  return s;
+}
+
 // The schedule of a tree for a target.
 inline Schedule make_schedule(const Tree& tree, const Target& target) {
   Schedule s;

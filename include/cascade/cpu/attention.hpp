@@ -122,20 +122,6 @@ class Workspace {
   bool leased_ = false;
 };
 
-namespace detail {
-
-struct ItemScratch {
-  Scratch kernel;
-  std::vector<float> q, o2;
-  std::vector<int64_t> limit;
-  std::vector<int32_t> seq, pos;
-};
-
-inline tbb::enumerable_thread_specific<ItemScratch>& item_scratch() {
-  static tbb::enumerable_thread_specific<ItemScratch> tls;
-  return tls;
-}
-
 // Runs f with at most n_threads threads (0: the caller's arena). Asking for more threads than the
 // machine has gives the machine's count: oversubscribing only adds switching. Arenas are made once per
 // thread count and kept, so a decode step's many runs don't each pay for one.
@@ -156,6 +142,20 @@ void in_arena(int n_threads, F&& f) {
     arena = slot.get();
   }
   arena->execute(f);
+}
+
+namespace detail {
+
+struct ItemScratch {
+  Scratch kernel;
+  std::vector<float> q, o2;
+  std::vector<int64_t> limit;
+  std::vector<int32_t> seq, pos;
+};
+
+inline tbb::enumerable_thread_specific<ItemScratch>& item_scratch() {
+  static tbb::enumerable_thread_specific<ItemScratch> tls;
+  return tls;
 }
 
 // Copies the stacked rows [e0, e1) of an item's heads into buf (heads, e1 - e0, head_dim), scaled.
@@ -283,7 +283,7 @@ void run(const Plan& plan, SegmentKv&& kv, const float* q, float* o, float* lse 
   for (int k = 0; k < at.n_segments(); ++k) views[size_t(k)] = given[size_t(plan.source(k))];
   std::optional<Workspace> kept;
   if (!workspace) workspace = kept.emplace(size_t(plan.workspace_floats())).data();
-  detail::in_arena(plan.target().n_threads, [&] {
+  in_arena(plan.target().n_threads, [&] {
     detail::run_items(plan.schedule(), plan.shape().head_dim, workspace,
                       [&](const Schedule::Item& it, detail::ItemScratch& s, float* o_it, float* lse_it) {
                         detail::attend_plan_item(plan, views, q, it, s, o_it, lse_it);
@@ -362,7 +362,7 @@ inline void run_unified(const UnifiedPlan& p, const UnifiedBatch& b, const float
   const int64_t d = p.shape.head_dim;
   std::optional<Workspace> kept;
   if (!workspace) workspace = kept.emplace(size_t(p.workspace_floats())).data();
-  detail::in_arena(p.target.n_threads, [&] {
+  in_arena(p.target.n_threads, [&] {
     detail::run_items(p.schedule, d, workspace,
                       [&](const Schedule::Item& it, detail::ItemScratch& s, float* o_it, float* lse_it) {
                         detail::gather_queries(q, p.shape, p.scale, p.schedule, it, s.q);

@@ -90,7 +90,7 @@ inline Problem make_problem(const HeadShape& shape, int64_t n_tokens, int n_seq,
 inline double read_bandwidth(int n_threads, int64_t bytes) {
   std::vector<float> buf(size_t(bytes / 4), 1.0f);
   double best = 0;
-  cpu::detail::in_arena(n_threads, [&] {
+  cpu::in_arena(n_threads, [&] {
     for (int rep = 0; rep < 3; ++rep) {
       tbb::enumerable_thread_specific<float> sums(0.0f);
       const double t0 = now_s();

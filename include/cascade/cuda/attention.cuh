@@ -182,9 +182,7 @@ class Workspace {
       launch(args, cfg, stream);
     }
     const int64_t n_out = n_rows_ * shape_.n_q_heads;
-    merge_slots_kernel<<<state_detail::grid_for(n_out, 256), 256, 0, stream>>>(
-        out_begin_, out_slots_, args_.part_o, args_.part_lse, n_out, d, o, lse);
-    CASCADE_CUDA_CHECK(cudaGetLastError(), "launching the merge of ", n_out, " outputs");
+    merge_slots(stream, out_begin_, out_slots_, args_.part_o, args_.part_lse, n_out, d, o, lse);
   }
 
   // bind() then attend(): one layer.
