@@ -204,7 +204,8 @@ double measure_tensor_rate(cudaStream_t stream, DType dt) {
 struct Problem {
   Buffer pk, pv, sk, sv, q, o, lse;
   int64_t row = 0;  // elements per token
-  cascade::Plan plan;
+  cascade::Tree tree;                  // segment 0 the prefix, s + 1 sequence s's own tokens
+  std::vector<cascade::KvView> views;  // device K/V of its segments
 };
 
 std::unique_ptr<Problem> make_problem(const HeadShape& shape, DType dt, int64_t batch, int64_t prefix, int64_t suffix,
@@ -231,12 +232,12 @@ std::unique_ptr<Problem> make_problem(const HeadShape& shape, DType dt, int64_t 
     kv.dtype = dt;
     return kv;
   };
-  std::vector<cascade::KvView> suffixes;
+  p->views.push_back(view(p->pk.p, p->pv.p, prefix));
   for (int64_t s = 0; s < batch; ++s) {
     const int64_t off = s * suffix * p->row * es;
-    suffixes.push_back(view(p->sk.as<char>() + off, p->sv.as<char>() + off, suffix));
+    p->views.push_back(view(p->sk.as<char>() + off, p->sv.as<char>() + off, suffix));
   }
-  p->plan = cascade::Plan::two_level(shape, view(p->pk.p, p->pv.p, prefix), suffixes);
+  p->tree = cascade::Tree::two_level(shape, prefix, std::vector<int64_t>(size_t(batch), suffix));
   CHECK_CUDA(cudaDeviceSynchronize(), "filling the problem");
   return p;
 }
@@ -300,7 +301,8 @@ int main(int argc, char** argv) {
               std::unique_ptr<cascade::cuda::Workspace> ws;
               if (m == "cascade") {
                 r.bytes_read = base.min_bytes;
-                ws = std::make_unique<cascade::cuda::Workspace>(prob->plan);
+                ws = std::make_unique<cascade::cuda::Workspace>(cascade::cuda::plan_for_device(prob->tree));
+                ws->bind(stream, prob->views);
               } else if (m == "split") {
                 const size_t bytes = size_t(double(B) * double(P + t) * kv_token_bytes);
                 if (bytes + (size_t(1) << 30) > free_memory()) {
@@ -318,9 +320,9 @@ int main(int argc, char** argv) {
                   char* dv = xv.as<char>() + s * seq_bytes;
                   CHECK_CUDA(cudaMemcpyAsync(dk, prob->pk.p, pre, cudaMemcpyDeviceToDevice, stream), "split copy");
                   CHECK_CUDA(cudaMemcpyAsync(dv, prob->pv.p, pre, cudaMemcpyDeviceToDevice, stream), "split copy");
-                  CHECK_CUDA(cudaMemcpyAsync(dk + pre, prob->plan.segment(int(s) + 1).k, seq_bytes - pre,
+                  CHECK_CUDA(cudaMemcpyAsync(dk + pre, prob->views[size_t(s) + 1].k, seq_bytes - pre,
                                              cudaMemcpyDeviceToDevice, stream), "split copy");
-                  CHECK_CUDA(cudaMemcpyAsync(dv + pre, prob->plan.segment(int(s) + 1).v, seq_bytes - pre,
+                  CHECK_CUDA(cudaMemcpyAsync(dv + pre, prob->views[size_t(s) + 1].v, seq_bytes - pre,
                                              cudaMemcpyDeviceToDevice, stream), "split copy");
                   cascade::KvView kv = cascade::KvView::contiguous(reinterpret_cast<const float*>(dk),
                                                                    reinterpret_cast<const float*>(dv), P + t,
@@ -329,8 +331,10 @@ int main(int argc, char** argv) {
                   views.push_back(kv);
                 }
                 CHECK_CUDA(cudaStreamSynchronize(stream), "split copies");
-                ws = std::make_unique<cascade::cuda::Workspace>(cascade::Plan::independent(
-                    sh, views, std::vector<int64_t>(size_t(B), 1), prob->plan.scale()));
+                ws = std::make_unique<cascade::cuda::Workspace>(cascade::cuda::plan_for_device(
+                    cascade::Tree::independent(sh, std::vector<int64_t>(size_t(B), P + t), std::vector<int64_t>(size_t(B), 1),
+                                               prob->tree.scale())));
+                ws->bind(stream, views);
               } else {
                 r.bytes_read = base.min_bytes;
                 const int64_t n_keys = P + B * t;
@@ -373,7 +377,7 @@ int main(int argc, char** argv) {
                 b.row_seq = row_seq.data();
                 b.row_pos = row_pos.data();
                 ws = std::make_unique<cascade::cuda::Workspace>(
-                    cascade::cuda::Workspace::unified(sh, b, prob->plan.scale()));
+                    cascade::cuda::Workspace::unified(sh, b, prob->tree.scale()));
               }
               const auto step = [&] { ws->attend(stream, prob->q.as<float>(), prob->o.as<float>(), prob->lse.as<float>()); };
               std::vector<double> ms;

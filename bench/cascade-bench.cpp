@@ -24,7 +24,6 @@
 #include <string>
 #include <vector>
 
-#include "cascade/auto.hpp"
 #include "cascade/cascade.hpp"
 #include "machine.hpp"
 #include "report.hpp"
@@ -69,12 +68,14 @@ Args parse_args(int argc, char** argv) {
 }
 
 
-// The problem's K/V: one prefix, B suffixes, dense (tokens, kv heads, dim) in the chosen dtype.
+// The problem's K/V: one prefix, B suffixes, dense (tokens, kv heads, dim) in the chosen dtype; its tree
+// (segment 0 the prefix, s + 1 sequence s's own tokens) and the views of its segments.
 struct Problem {
   std::vector<uint8_t> pk, pv;
   std::vector<std::vector<uint8_t>> sk, sv;
   std::vector<float> q;
-  cascade::Plan plan;
+  cascade::Tree tree;
+  std::vector<cascade::KvView> views;
 };
 
 std::unique_ptr<Problem> make_problem(const HeadShape& shape, DType dt, int64_t batch, int64_t prefix, int64_t suffix,
@@ -100,13 +101,13 @@ std::unique_ptr<Problem> make_problem(const HeadShape& shape, DType dt, int64_t 
     kv.dtype = dt;
     return kv;
   };
-  std::vector<cascade::KvView> suffixes;
+  p->views.push_back(view(p->pk, p->pv, prefix));
   for (int64_t s = 0; s < batch; ++s) {
     fill(p->sk[size_t(s)], suffix);
     fill(p->sv[size_t(s)], suffix);
-    suffixes.push_back(view(p->sk[size_t(s)], p->sv[size_t(s)], suffix));
+    p->views.push_back(view(p->sk[size_t(s)], p->sv[size_t(s)], suffix));
   }
-  p->plan = cascade::Plan::two_level(shape, view(p->pk, p->pv, prefix), suffixes);
+  p->tree = cascade::Tree::two_level(shape, prefix, std::vector<int64_t>(size_t(batch), suffix));
   p->q.resize(size_t(batch * shape.n_q_heads * shape.head_dim));
   for (float& x : p->q) x = u(rng);
   return p;
@@ -182,23 +183,30 @@ int main(int argc, char** argv) {
               base.bw_gbs = bw / 1e9;
               base.gemm_gflops = flops / 1e9;
               std::vector<float> o(prob->q.size());
-              const cascade::cpu::Options opt{thr};
-              // Set every method up first (layouts, auto's plan), then time them together.
+              cascade::cpu::Options opt{thr};
+              opt.kv_dtype = dt;
+              // Set every method up first (layouts, plans), then time them together: each run is one layer's
+              // attention with the step's plan made beforehand, as a model runs it.
               std::vector<Row> mrows;
               std::vector<std::function<void()>> runs;
               std::vector<std::unique_ptr<cascade::SplitLayout>> splits;
               std::vector<std::unique_ptr<cascade::UnifiedLayout>> unifieds;
               std::vector<std::unique_ptr<cascade::Plan>> plans;
+              std::vector<std::unique_ptr<cascade::cpu::UnifiedPlan>> unified_plans;
               for (const std::string& m : a.methods) {
                 Row r = base;
                 r.method = m;
                 if (m == "cascade") {
                   r.bytes_read = base.min_bytes;
-                  runs.push_back([&] { cascade::cpu::attend(prob->plan, prob->q.data(), o.data(), nullptr, opt); });
+                  plans.push_back(std::make_unique<cascade::Plan>(cascade::cpu::plan(prob->tree, opt)));
+                  const cascade::Plan* plan = plans.back().get();
+                  runs.push_back([&, plan] { cascade::cpu::run(*plan, prob->views, prob->q.data(), o.data()); });
                 } else if (m == "auto") {
                   if (!models.count(thr)) models[thr] = cascade::calibrate(thr, a.shape);
-                  cascade::AutoChoice why;
-                  plans.push_back(std::make_unique<cascade::Plan>(cascade::choose_plan(prob->plan, models[thr], &why)));
+                  cascade::cpu::Options auto_opt = opt;
+                  auto_opt.cost_model = &models[thr];
+                  plans.push_back(std::make_unique<cascade::Plan>(cascade::cpu::plan(prob->tree, auto_opt)));
+                  const cascade::AutoChoice& why = *plans.back()->choice();
                   const int folded = int(std::count_if(why.segments.begin(), why.segments.end(),
                                                        [](const cascade::SegmentChoice& c) { return !c.shared; }));
                   r.bytes_read = base.min_bytes + (why.segments.empty() || why.segments[0].shared
@@ -208,20 +216,24 @@ int main(int argc, char** argv) {
                                why.changed ? "regrouped" : "the tree as given", folded, int(why.segments.size()),
                                1e3 * why.chosen_s, 1e3 * why.tree_s);
                   const cascade::Plan* plan = plans.back().get();
-                  runs.push_back([&, plan] { cascade::cpu::attend(*plan, prob->q.data(), o.data(), nullptr, opt); });
+                  runs.push_back([&, plan] { cascade::cpu::run(*plan, prob->views, prob->q.data(), o.data()); });
                 } else if (m == "split") {
-                  splits.push_back(std::make_unique<cascade::SplitLayout>(cascade::make_split(prob->plan)));
+                  splits.push_back(
+                      std::make_unique<cascade::SplitLayout>(cascade::make_split(prob->tree, prob->views)));
                   r.bytes_read = kv_token_bytes * double(B) * double(P + t) + qo_bytes;
-                  const cascade::Plan* plan = &splits.back()->plan;
-                  runs.push_back([&, plan] { cascade::cpu::attend(*plan, prob->q.data(), o.data(), nullptr, opt); });
+                  const cascade::SplitLayout* split = splits.back().get();
+                  plans.push_back(std::make_unique<cascade::Plan>(cascade::cpu::plan(split->tree, opt)));
+                  const cascade::Plan* plan = plans.back().get();
+                  runs.push_back([&, plan, split] { cascade::cpu::run(*plan, split->views, prob->q.data(), o.data()); });
                 } else {
-                  unifieds.push_back(std::make_unique<cascade::UnifiedLayout>(cascade::make_unified(prob->plan)));
+                  unifieds.push_back(
+                      std::make_unique<cascade::UnifiedLayout>(cascade::make_unified(prob->tree, prob->views)));
                   r.bytes_read = base.min_bytes;
                   const cascade::UnifiedLayout* uni = unifieds.back().get();
-                  runs.push_back([&, uni] {
-                    cascade::cpu::attend_unified(sh, uni->batch, prob->q.data(), o.data(), nullptr, opt,
-                                                 prob->plan.scale());
-                  });
+                  unified_plans.push_back(std::make_unique<cascade::cpu::UnifiedPlan>(cascade::cpu::plan_unified(
+                      sh, uni->batch.kv.n_tokens, uni->batch.n_rows, opt, prob->tree.scale())));
+                  const cascade::cpu::UnifiedPlan* up = unified_plans.back().get();
+                  runs.push_back([&, uni, up] { cascade::cpu::run_unified(*up, uni->batch, prob->q.data(), o.data()); });
                 }
                 mrows.push_back(r);
               }

@@ -15,7 +15,7 @@
 
 #include "cascade/dtype.hpp"
 #include "cascade/error.hpp"
-#include "cascade/plan.hpp"
+#include "cascade/tree.hpp"
 
 namespace bench {
 
@@ -25,7 +25,7 @@ using cascade::HeadShape;
 // Prints "PROGRAM: error: msg" and exits 1; each program defines it.
 [[noreturn]] void die(const std::string& msg);
 
-int64_t parse_int(const std::string& flag, const std::string& s, int64_t lo, int64_t hi) {
+inline int64_t parse_int(const std::string& flag, const std::string& s, int64_t lo, int64_t hi) {
   char* end = nullptr;
   errno = 0;
   const long long v = std::strtoll(s.c_str(), &end, 10);
@@ -34,7 +34,7 @@ int64_t parse_int(const std::string& flag, const std::string& s, int64_t lo, int
   return v;
 }
 
-std::vector<std::string> split_list(const std::string& s) {
+inline std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
   std::string item;
@@ -43,13 +43,13 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& s, int64_t lo, int64_t hi) {
+inline std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& s, int64_t lo, int64_t hi) {
   std::vector<int64_t> out;
   for (const auto& item : split_list(s)) out.push_back(parse_int(flag, item, lo, hi));
   return out;
 }
 
-const std::map<std::string, HeadShape>& presets() {
+inline const std::map<std::string, HeadShape>& presets() {
   static const std::map<std::string, HeadShape> p = {
       {"smollm2-135m", {9, 3, 64}},   {"llama3-8b", {32, 8, 128}},  {"llama3.2-1b", {32, 8, 64}},
       {"llama2-7b", {32, 32, 128}},   {"qwen2.5-7b", {28, 4, 128}}, {"mistral-7b", {32, 8, 128}},
@@ -155,7 +155,7 @@ struct Row {
   double bw_gbs, gemm_gflops;
 };
 
-void fill_stats(Row& r, std::vector<double> ms) {
+inline void fill_stats(Row& r, std::vector<double> ms) {
   std::sort(ms.begin(), ms.end());
   const size_t n = ms.size();
   r.median_ms = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
@@ -168,13 +168,13 @@ void fill_stats(Row& r, std::vector<double> ms) {
   r.max_ms = ms.back();
 }
 
-std::string fmt(double x, int prec = 3) {
+inline std::string fmt(double x, int prec = 3) {
   char b[64];
   std::snprintf(b, sizeof b, "%.*f", prec, x);
   return b;
 }
 
-void print_md(const std::vector<Row>& rows) {
+inline void print_md(const std::vector<Row>& rows) {
   std::printf("| method  |   B |      P |      t | heads     | kv   | thr | median ms |     ± ms | limit ms | of limit |\n");
   std::printf("|---------|----:|-------:|-------:|-----------|------|----:|----------:|---------:|---------:|---------:|\n");
   for (const Row& r : rows) {
@@ -204,7 +204,7 @@ void print_md(const std::vector<Row>& rows) {
   }
 }
 
-void print_csv(const std::vector<Row>& rows) {
+inline void print_csv(const std::vector<Row>& rows) {
   std::printf(
       "method,batch,prefix,suffix,n_q_heads,n_kv_heads,head_dim,kv_dtype,threads,median_ms,mean_ms,stdev_ms,min_ms,"
       "max_ms,min_bytes,min_flops,bytes_read,limit_ms,fraction,bw_gbs,gemm_gflops\n");
@@ -216,7 +216,7 @@ void print_csv(const std::vector<Row>& rows) {
                 r.limit_ms / r.median_ms, r.bw_gbs, r.gemm_gflops);
 }
 
-void print_json(const std::vector<Row>& rows) {
+inline void print_json(const std::vector<Row>& rows) {
   std::printf("[\n");
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];

@@ -1,9 +1,12 @@
-// Bytes -> a head shape, KV segments (contiguous or paged, padded strides, f32/f16/bf16) and sequences with
-// their paths and query counts (plan_input.hpp) -> cascade::Plan::build. A plan that validates is checked for
-// its own invariants; when it is small enough it is run with cpu::attend and every output is compared with
-// reference_attention. cascade::Error is a fine answer to a bad plan; a crash, UB, another exception or a
-// wrong number is not.
+// Bytes -> a head shape, segment lengths and sequences with their paths and query counts (plan_input.hpp) ->
+// cascade::Tree::build -> the plans of the CPU's and the CUDA path's targets. A tree that validates is checked
+// for its own invariants and every schedule made from it for exact coverage (verify_schedule: each output
+// merges each key it sees exactly once), whatever the lengths; when the problem is small enough, K/V segments
+// (contiguous or paged, padded strides, f32/f16/bf16) are made, the CPU plan is run and every output is
+// compared with reference_attention. cascade::Error is a fine answer to a bad plan; a crash, UB, another
+// exception or a wrong number is not.
 #include <cascade/cascade.hpp>
+#include <cascade/cuda/schedule.hpp>
 
 #include <cmath>
 #include <cstdio>
@@ -21,6 +24,8 @@ using namespace cascade;
 // Budgets per input: K/V elements allocated, and multiply-adds of the double reference.
 constexpr int64_t kMaxKvElements = int64_t(1) << 20;
 constexpr double kMaxWork = 1e6;
+// and outputs (rows x query heads) planned.
+constexpr int64_t kMaxOutputs = int64_t(1) << 16;
 
 [[noreturn]] void fail(const char* what, double got, double want, int64_t row, int head, int64_t i) {
   std::fprintf(stderr, "fuzz_plan: %s: got %.9g, reference %.9g (row %lld, head %d, element %lld)\n", what, got, want,
@@ -74,14 +79,23 @@ void set_data(KvView& kv, Storage& st, DType dtype) {
   }
 }
 
-void check_invariants(const Plan& plan, const std::vector<int64_t>& n_query) {
+void verify_or_abort(const Plan& plan) {
+  try {
+    verify_schedule(plan.attended(), plan.schedule());
+  } catch (const Error& e) {
+    std::fprintf(stderr, "fuzz_plan: %s schedule broken: %s\n", plan.target().backend, e.what());
+    std::abort();
+  }
+}
+
+void check_invariants(const Tree& plan, const std::vector<int64_t>& n_query) {
   int64_t rows = 0;
   for (int s = 0; s < plan.n_sequences(); ++s) {
-    const Plan::Sequence& sq = plan.sequence(s);
+    const Tree::Sequence& sq = plan.sequence(s);
     if (sq.row_begin != rows || sq.n_query != n_query[size_t(s)]) fail_invariant("row layout");
     rows += sq.n_query;
     int64_t keys = 0;
-    int parent = Plan::kRoot;
+    int parent = Tree::kRoot;
     if (sq.seg_row_begin.size() != sq.path.size()) fail_invariant("seg_row_begin size");
     for (size_t k = 0; k < sq.path.size(); ++k) {
       const int g = sq.path[k];
@@ -91,27 +105,27 @@ void check_invariants(const Plan& plan, const std::vector<int64_t>& n_query) {
       if (b < 0 || b + sq.n_query > int64_t(plan.segment_rows(g).size())) fail_invariant("seg_row_begin range");
       for (int64_t i = 0; i < sq.n_query; ++i)
         if (plan.segment_rows(g)[size_t(b + i)].row != sq.row_begin + i) fail_invariant("segment row mapping");
-      keys += plan.segment(g).n_tokens;
+      keys += plan.n_tokens(g);
       parent = g;
     }
     if (keys != sq.n_keys) fail_invariant("n_keys");
   }
   if (rows != plan.n_rows()) fail_invariant("n_rows");
   for (int g = 0; g < plan.n_segments(); ++g)
-    for (const Plan::SegmentRow& r : plan.segment_rows(g))
-      if (r.row < 0 || r.row >= plan.n_rows() || r.limit < 0 || r.limit > plan.segment(g).n_tokens)
+    for (const Tree::SegmentRow& r : plan.segment_rows(g))
+      if (r.row < 0 || r.row >= plan.n_rows() || r.limit < 0 || r.limit > plan.n_tokens(g))
         fail_invariant("segment row limit");
 }
 
 }  // namespace
 
-// attend's work items keep per-thread scratch (kernel tiles, gathered queries, row limits) in a static
+// run's work items keep per-thread scratch (kernel tiles, gathered queries, row limits) in a static
 // enumerable_thread_specific, whose elements live in memory oneTBB takes from its own allocator (libtbbmalloc),
 // which LeakSanitizer does not scan: libFuzzer's per-input leak check would report the scratch's buffers as lost.
 // Only allocations made inside that item loop are exempt; they are freed at exit, where the test suite's
 // LeakSanitizer run (scripts/sanitize.sh) still checks them.
 extern "C" const char* __lsan_default_suppressions() {
-  return "leak:cascade::cpu::attend(*)::'lambda'(tbb::detail::d1::blocked_range<unsigned long> const&)::operator()\n";
+  return "leak:cascade::cpu::detail::run_items\n";
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -127,9 +141,42 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     scale = float(int(spec.scale) - 128) / 16.0f;
   }
 
+  std::vector<int64_t> n_tokens;
+  for (const fuzz::SegmentSpec& s : spec.segments) n_tokens.push_back(int64_t(s.n_tokens));  // > INT64_MAX: negative
+  std::vector<std::vector<int>> paths;
+  std::vector<int64_t> n_query;
+  for (const fuzz::SequenceSpec& s : spec.sequences) {
+    paths.emplace_back(s.path.begin(), s.path.end());
+    n_query.push_back(s.n_query);
+  }
+  std::optional<Tree> tree;
+  try {
+    tree.emplace(Tree::build(shape, n_tokens, paths, n_query, scale));
+  } catch (const Error&) {
+    return 0;
+  }
+  check_invariants(*tree, n_query);
+
+  // The schedules of both backends, whatever the lengths: planning looks at lengths only (its cost grows with
+  // the outputs, rows x heads, which stay bounded here).
+  if (tree->n_rows() * shape.n_q_heads > kMaxOutputs) return 0;
+  const Plan plan = cpu::plan(*tree, cpu::Options{spec.threads + 1});
+  verify_or_abort(plan);
+  try {
+    const Plan device_plan = cuda::plan(*tree, cuda::ScheduleOptions{1 + 37 * spec.threads, 4});
+    verify_or_abort(device_plan);
+    (void)cuda::lower(device_plan);  // refuses lengths past 32 bits with an Error
+  } catch (const Error&) {
+  }
+
+  const bool runnable = !spec.huge && shape.n_kv_heads > 0 && shape.head_dim > 0;
+  const int64_t d = shape.head_dim;
+  double work = 0;
+  for (int s = 0; s < tree->n_sequences(); ++s)
+    work += double(tree->sequence(s).n_query) * double(tree->sequence(s).n_keys + 1) * shape.n_q_heads * double(d);
+  if (!runnable || work > kMaxWork) return 0;
+
   Rng rng{spec.value_seed};
-  static const float kDummy[1] = {0};  // data of views that are only built, never read
-  bool runnable = !spec.huge && shape.n_kv_heads > 0 && shape.head_dim > 0;
   int64_t kv_elements = 0;
   std::vector<Storage> store(spec.segments.size());
   std::vector<KvView> views;
@@ -137,12 +184,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const fuzz::SegmentSpec& s = spec.segments[g];
     KvView kv;
     kv.dtype = dtype;
-    kv.n_tokens = int64_t(s.n_tokens);  // a u64 above INT64_MAX turns negative: the plan must reject it
+    kv.n_tokens = int64_t(s.n_tokens);
     kv.n_kv_heads = shape.n_kv_heads;
     kv.head_dim = shape.head_dim;
     kv.stride_head = shape.head_dim + (s.pad & 15);
     kv.stride_token = int64_t(shape.n_kv_heads) * kv.stride_head + (s.pad >> 4);
-    if (kv.n_tokens > 0 && !spec.huge && s.page_size > 0 && runnable) {
+    int64_t n = 0;
+    if (kv.n_tokens > 0 && s.page_size > 0) {
       const int64_t n_pages = (kv.n_tokens + s.page_size - 1) / s.page_size;
       const int64_t phys = n_pages + 1;  // one spare page, and the table walks them backwards
       kv.page_size = s.page_size;
@@ -150,66 +198,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       store[g].table.resize(size_t(n_pages));
       for (int64_t p = 0; p < n_pages; ++p) store[g].table[size_t(p)] = int32_t(phys - 1 - p);
       kv.block_table = store[g].table.data();
-      kv_elements += phys * kv.stride_page;
-    } else if (kv.n_tokens > 0 && runnable) {
-      kv_elements += kv.n_tokens * kv.stride_token;
+      n = phys * kv.stride_page;
+    } else if (kv.n_tokens > 0) {
+      n = kv.n_tokens * kv.stride_token;
     }
-    if (kv_elements > kMaxKvElements) runnable = false;
-    if (kv.n_tokens != 0) {  // empty segments keep null data: allowed
-      kv.k = kDummy;
-      kv.v = kDummy;
+    kv_elements += n;
+    if (kv_elements > kMaxKvElements) return 0;
+    if (n > 0) {
+      fill(store[g], dtype, n, rng);
+      set_data(kv, store[g], dtype);
     }
     views.push_back(kv);
   }
-  if (!runnable) {
-    for (KvView& kv : views) kv.block_table = nullptr;  // built only: the dummy data has no pages
-  }
 
-  std::vector<std::vector<int>> paths;
-  std::vector<int64_t> n_query;
-  for (const fuzz::SequenceSpec& s : spec.sequences) {
-    paths.emplace_back(s.path.begin(), s.path.end());
-    n_query.push_back(s.n_query);
-  }
-
-  // Built first on the dummy data (the plan never reads K/V), so that memory is only filled for plans worth running.
-  std::optional<Plan> plan;
-  try {
-    plan.emplace(Plan::build(shape, views, paths, n_query, scale));
-  } catch (const Error&) {
-    return 0;
-  }
-  check_invariants(*plan, n_query);
-  if (!runnable) return 0;
-
-  const int64_t d = shape.head_dim;
-  double work = 0;
-  for (int s = 0; s < plan->n_sequences(); ++s)
-    work += double(plan->sequence(s).n_query) * double(plan->sequence(s).n_keys + 1) * shape.n_q_heads * double(d);
-  if (work > kMaxWork) return 0;
-
-  for (size_t g = 0; g < views.size(); ++g) {
-    KvView& kv = views[g];
-    if (kv.n_tokens == 0) continue;
-    const int64_t n = kv.paged() ? (int64_t(store[g].table.size()) + 1) * kv.stride_page : kv.n_tokens * kv.stride_token;
-    fill(store[g], dtype, n, rng);
-    set_data(kv, store[g], dtype);
-  }
-  plan.emplace(Plan::build(shape, views, paths, n_query, scale));  // the same plan on the real data
-
-  const int64_t n_rows = plan->n_rows();
+  const int64_t n_rows = tree->n_rows();
   std::vector<float> q(size_t(n_rows * shape.n_q_heads * d)), o(q.size(), std::nanf("")),
       lse(size_t(n_rows * shape.n_q_heads), std::nanf(""));
   for (float& x : q) x = rng.uniform();
-  cpu::Options opt;
-  opt.n_threads = spec.threads + 1;
-  cpu::attend(*plan, q.data(), o.data(), lse.data(), opt);
+  cpu::run(plan, views, q.data(), o.data(), lse.data());
 
   std::vector<double> ref_o(o.size()), ref_lse(lse.size());
-  reference_attention(*plan, q.data(), ref_o.data(), ref_lse.data());
+  reference_attention(*tree, views, q.data(), ref_o.data(), ref_lse.data());
 
   // f32 scores carry an absolute error that grows with their size: |q| <= 1, |k| <= 1, so |score| <= |scale| d.
-  const double score_bound = std::fabs(double(plan->scale())) * double(d);
+  const double score_bound = std::fabs(double(tree->scale())) * double(d);
   const double tol = 2e-4 + 4e-6 * score_bound;
   for (int64_t r = 0; r < n_rows; ++r) {
     for (int h = 0; h < shape.n_q_heads; ++h) {

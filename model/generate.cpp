@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <numeric>
 
+#include "cascade/cpu/calibrate.hpp"
 #include "cascade/error.hpp"
 
 namespace cascade {
@@ -73,6 +75,179 @@ void GenerateParams::validate() const {
   sampling.validate();
 }
 
+namespace {
+
+// One generate() call: the prompts' prefill, the sequences' start, then decode steps until every sequence
+// has stopped. Runs inside generate's task arena.
+class Generation {
+ public:
+  Generation(const llama::Model& model, const std::vector<std::vector<int32_t>>& prompts, const GenerateParams& params,
+             const std::function<bool(int32_t)>& is_eog, GenerateResult& res)
+      : model_(model), hp_(model.hparams()), prompts_(prompts), params_(params), is_eog_(is_eog), res_(res),
+        n_seq_(int(prompts.size()) * params.n_parallel) {}
+
+  void prefill();
+  void start_sequences();
+  bool decode_step(int step, const std::function<void(int, const StepStat&)>& on_step);
+  void finish();
+
+ private:
+  void accept(int s, int32_t tok);
+
+  const llama::Model& model_;
+  const llama::Hparams& hp_;
+  const std::vector<std::vector<int32_t>>& prompts_;
+  const GenerateParams& params_;
+  const std::function<bool(int32_t)>& is_eog_;
+  GenerateResult& res_;
+  const int n_seq_;
+  std::unique_ptr<TreeCache> prompt_cache_;  // the prompts' tree, until the sequences start
+  std::unique_ptr<KvCache> cache_;           // the decode steps' cache
+  std::vector<float> prompt_logits_;         // (n_prompts, n_vocab): each prompt's last row
+  std::vector<Sampler> samplers_;
+  std::vector<int> seq_id_;        // the decode cache's id of each sequence (a segment, or s when unified)
+  std::vector<int64_t> next_pos_;  // position of each sequence's last sampled token
+  std::vector<char> active_;
+};
+
+// Every node of the prompt tree once, in order (parents first), in passes of at most n_batch rows; each
+// node (or piece of one) in a pass is one entry of its step, its rows attending its ancestors and
+// causally itself. Keeps the last row's logits of every prompt.
+void Generation::prefill() {
+  const PromptTree& tree = res_.tree;
+  prompt_cache_ = make_prefill_cache(params_.attn, int(hp_.n_layer), hp_.head_shape(), params_.kv_dtype);
+  if (params_.cost_model) prompt_cache_->set_cost_model(*params_.cost_model);
+  struct Row {
+    int node;
+    int64_t i;  // index in the node
+  };
+  std::vector<Row> all_rows;
+  for (size_t i = 0; i < tree.nodes.size(); ++i) {
+    const int seg = prompt_cache_->add_segment(tree.nodes[i].parent, tree.nodes[i].start);
+    CASCADE_CHECK(seg == int(i), "internal: segment ids follow node ids");
+    for (size_t t = 0; t < tree.nodes[i].tokens.size(); ++t) all_rows.push_back({int(i), int64_t(t)});
+  }
+  std::vector<std::vector<int>> node_prompts(tree.nodes.size());  // the prompts ending at each node
+  for (size_t p = 0; p < prompts_.size(); ++p) node_prompts[size_t(tree.prompt_node[p])].push_back(int(p));
+  prompt_logits_.assign(prompts_.size() * size_t(hp_.n_vocab), 0.0f);
+  std::vector<float> logits;
+  llama::Timings tm;
+  for (size_t r0 = 0; r0 < all_rows.size(); r0 += size_t(params_.n_batch)) {
+    const size_t r1 = std::min(all_rows.size(), r0 + size_t(params_.n_batch));
+    std::vector<KvCache::Entry> entries;
+    std::vector<int32_t> tokens, pos;
+    std::vector<int64_t> logit_rows;
+    std::vector<int> logit_nodes;
+    for (size_t r = r0; r < r1; ++r) {
+      const PromptTree::Node& nd = tree.nodes[size_t(all_rows[r].node)];
+      if (entries.empty() || entries.back().id != all_rows[r].node)
+        entries.push_back({all_rows[r].node, 0, nd.start + all_rows[r].i});
+      ++entries.back().n_rows;
+      tokens.push_back(nd.tokens[size_t(all_rows[r].i)]);
+      pos.push_back(int32_t(nd.start + all_rows[r].i));
+      if (all_rows[r].i + 1 == int64_t(nd.tokens.size()) && !node_prompts[size_t(all_rows[r].node)].empty()) {
+        logit_rows.push_back(int64_t(r - r0));
+        logit_nodes.push_back(all_rows[r].node);
+      }
+    }
+    prompt_cache_->begin_step(entries);
+    model_.forward(tokens, pos, *prompt_cache_, logit_rows, logits, &tm);
+    for (size_t j = 0; j < logit_rows.size(); ++j)
+      for (int p : node_prompts[size_t(logit_nodes[j])])
+        std::copy_n(logits.data() + j * size_t(hp_.n_vocab), hp_.n_vocab, prompt_logits_.data() + p * size_t(hp_.n_vocab));
+  }
+  res_.prompt_attn_ms = tm.attention * 1e3;
+}
+
+// n_parallel sequences per prompt: sequence s = prompt * n_parallel + j, laid out as the method says
+// (kv_cache.hpp), samples its first token from its prompt's last logits with its own random stream s.
+void Generation::start_sequences() {
+  res_.sequences.resize(size_t(n_seq_));
+  next_pos_.resize(size_t(n_seq_));
+  active_.assign(size_t(n_seq_), 1);
+  std::vector<int> prompt_leaf(static_cast<size_t>(n_seq_));
+  for (int s = 0; s < n_seq_; ++s) {
+    const int p = s / params_.n_parallel;
+    res_.sequences[size_t(s)].prompt = p;
+    samplers_.emplace_back(params_.sampling, uint64_t(s));
+    next_pos_[size_t(s)] = int64_t(prompts_[size_t(p)].size());
+    prompt_leaf[size_t(s)] = res_.tree.prompt_node[size_t(p)];
+  }
+  cache_ = cascade::start_sequences(params_.attn, std::move(prompt_cache_), prompt_leaf, seq_id_);
+  for (int s = 0; s < n_seq_; ++s) {
+    if (params_.n_predict == 0) {
+      res_.sequences[size_t(s)].stop = "length";
+      active_[size_t(s)] = 0;
+      continue;
+    }
+    const int p = s / params_.n_parallel;
+    accept(s, samplers_[size_t(s)].sample(prompt_logits_.data() + int64_t(p) * hp_.n_vocab, hp_.n_vocab));
+  }
+}
+
+// A sequence stops at an end-of-generation token ("eog", not part of its tokens), after n_predict tokens
+// ("length"), or when its next token would not fit the context ("context").
+void Generation::accept(int s, int32_t tok) {
+  SequenceResult& sq = res_.sequences[size_t(s)];
+  if (is_eog_ && is_eog_(tok)) {
+    sq.stop = "eog";
+    active_[size_t(s)] = 0;
+    return;
+  }
+  sq.tokens.push_back(tok);
+  if (int64_t(sq.tokens.size()) >= params_.n_predict) {
+    sq.stop = "length";
+    active_[size_t(s)] = 0;
+  } else if (next_pos_[size_t(s)] + 1 >= res_.n_ctx) {
+    sq.stop = "context";
+    active_[size_t(s)] = 0;
+  }
+}
+
+// One decode step: every active sequence's last token goes through the model at once (the step's
+// attention planned once, then run in every layer), and each sequence samples its next token. Returns
+// false when no sequence is active.
+bool Generation::decode_step(int step, const std::function<void(int, const StepStat&)>& on_step) {
+  const auto t_step = Clock::now();
+  std::vector<KvCache::Entry> entries;
+  std::vector<int32_t> tokens, pos;
+  std::vector<int> row_seq;
+  for (int s = 0; s < n_seq_; ++s) {
+    if (!active_[size_t(s)]) continue;
+    entries.push_back({seq_id_[size_t(s)], 1, next_pos_[size_t(s)]});
+    tokens.push_back(res_.sequences[size_t(s)].tokens.back());
+    pos.push_back(int32_t(next_pos_[size_t(s)]));
+    row_seq.push_back(s);
+  }
+  if (row_seq.empty()) return false;
+  const auto t_plan = Clock::now();
+  cache_->begin_step(entries);
+  const double plan_ms = ms_since(t_plan);
+  std::vector<int64_t> logit_rows(row_seq.size());
+  std::iota(logit_rows.begin(), logit_rows.end(), 0);
+  std::vector<float> logits;
+  llama::Timings tm;
+  model_.forward(tokens, pos, *cache_, logit_rows, logits, &tm);
+  for (size_t r = 0; r < row_seq.size(); ++r) {
+    const int s = row_seq[r];
+    ++next_pos_[size_t(s)];
+    accept(s, samplers_[size_t(s)].sample(logits.data() + int64_t(r) * hp_.n_vocab, hp_.n_vocab));
+  }
+  const StepStat stat{ms_since(t_step), tm.attention * 1e3, plan_ms, int(row_seq.size())};
+  res_.n_decode_tokens += stat.n_active;
+  res_.steps.push_back(stat);
+  if (on_step) on_step(step, stat);
+  return true;
+}
+
+void Generation::finish() {
+  res_.kv_tokens = cache_->stored_tokens();
+  res_.kv_bytes = cache_->kv_bytes();
+  if (params_.attn == AttnMethod::auto_) res_.cost_model = params_.cost_model;
+}
+
+}  // namespace
+
 GenerateResult generate(const llama::Model& model, const std::vector<std::vector<int32_t>>& prompts,
                         const GenerateParams& params, const std::function<bool(int32_t)>& is_eog,
                         const std::function<void(int, const StepStat&)>& on_step) {
@@ -93,157 +268,22 @@ GenerateResult generate(const llama::Model& model, const std::vector<std::vector
   tbb::task_arena arena(params.n_threads > 0 ? params.n_threads : tbb::task_arena::automatic);
   arena.execute([&] {
     res.tree = make_prompt_tree(prompts);
-    const PromptTree& tree = res.tree;
-    res.n_prompt_stored = tree.n_tokens();
-    KvCache cache(int(hp.n_layer), hp.head_shape(), params.kv_dtype, params.attn);
-    if (params.cost_model) {
-      cache.set_cost_model(*params.cost_model);
-    } else if (params.attn == AttnMethod::auto_ && n_seq >= 2) {
+    res.n_prompt_stored = res.tree.n_tokens();
+    GenerateParams p = params;
+    if (!p.cost_model && p.attn == AttnMethod::auto_ && n_seq >= 2) {
       // Calibrated once up front, timed on its own, so no prefill or decode step carries it.
       const auto t_cal = Clock::now();
-      cache.set_cost_model(calibrate(params.n_threads, hp.head_shape()));
+      p.cost_model = calibrate(p.n_threads, hp.head_shape());
       res.calibrate_ms = ms_since(t_cal);
     }
-
-    // --- prefill: every tree node once, in order (parents first), in chunks of at most n_batch rows ---
+    Generation gen(model, prompts, p, is_eog, res);
     const auto t_prompt = Clock::now();
-    struct Row {
-      int node;
-      int64_t i;  // index in the node
-    };
-    std::vector<Row> all_rows;
-    for (size_t i = 0; i < tree.nodes.size(); ++i) {
-      const int seg = cache.add_segment(tree.nodes[i].parent, tree.nodes[i].start);  // segment id == node id
-      CASCADE_CHECK(seg == int(i), "internal: segment ids follow node ids");
-      for (size_t t = 0; t < tree.nodes[i].tokens.size(); ++t) all_rows.push_back({int(i), int64_t(t)});
-    }
-    // The prompts ending at each node (their logits come from the node's last row).
-    std::vector<std::vector<int>> node_prompts(tree.nodes.size());
-    for (size_t p = 0; p < prompts.size(); ++p) node_prompts[tree.prompt_node[p]].push_back(int(p));
-    std::vector<float> prompt_logits(prompts.size() * size_t(hp.n_vocab)), logits;
-    std::vector<KvCache::Entry> entries;
-    std::vector<int32_t> tokens, pos;
-    std::vector<int64_t> logit_rows;
-    llama::Timings tm;
-    for (size_t r0 = 0; r0 < all_rows.size(); r0 += size_t(params.n_batch)) {
-      const size_t r1 = std::min(all_rows.size(), r0 + size_t(params.n_batch));
-      entries.clear();
-      tokens.clear();
-      pos.clear();
-      logit_rows.clear();
-      std::vector<int> logit_prompts;
-      for (size_t r = r0; r < r1; ++r) {
-        const PromptTree::Node& nd = tree.nodes[all_rows[r].node];
-        if (entries.empty() || entries.back().id != all_rows[r].node)
-          entries.push_back({all_rows[r].node, 0, nd.start + all_rows[r].i});
-        ++entries.back().n_rows;
-        tokens.push_back(nd.tokens[all_rows[r].i]);
-        pos.push_back(int32_t(nd.start + all_rows[r].i));
-        if (all_rows[r].i + 1 == int64_t(nd.tokens.size()) && !node_prompts[all_rows[r].node].empty()) {
-          logit_rows.push_back(int64_t(r - r0));
-          logit_prompts.push_back(all_rows[r].node);
-        }
-      }
-      cache.begin_step(entries);
-      model.forward(tokens, pos, cache, logit_rows, logits, &tm);
-      for (size_t j = 0; j < logit_rows.size(); ++j)
-        for (int p : node_prompts[logit_prompts[j]])
-          std::copy_n(logits.data() + j * size_t(hp.n_vocab), hp.n_vocab, prompt_logits.data() + p * size_t(hp.n_vocab));
-    }
-    res.prompt_attn_ms = tm.attention * 1e3;
-
-    // --- sequences ---
-    std::vector<Sampler> samplers;
-    res.sequences.resize(n_seq);
-    std::vector<int> seq_id(n_seq);      // the cache's id for the sequence: a segment, or s when unified
-    std::vector<int64_t> next_pos(n_seq);  // position of its last sampled token
-    std::vector<bool> active(n_seq, true);
-    const auto accept = [&](int s, int32_t tok) {
-      SequenceResult& sq = res.sequences[s];
-      if (is_eog && is_eog(tok)) {
-        sq.stop = "eog";
-        active[s] = false;
-        return;
-      }
-      sq.tokens.push_back(tok);
-      if (int64_t(sq.tokens.size()) >= params.n_predict) {
-        sq.stop = "length";
-        active[s] = false;
-      } else if (next_pos[s] + 1 >= res.n_ctx) {  // its last token would not fit
-        sq.stop = "context";
-        active[s] = false;
-      }
-    };
-    for (int s = 0; s < n_seq; ++s) {
-      const int p = s / params.n_parallel;
-      res.sequences[s].prompt = p;
-      samplers.emplace_back(params.sampling, uint64_t(s));
-      next_pos[s] = int64_t(prompts[p].size());
-    }
-    std::vector<int> prompt_leaf(n_seq);
-    for (int s = 0; s < n_seq; ++s) prompt_leaf[s] = tree.prompt_node[s / params.n_parallel];
-    switch (params.attn) {
-      case AttnMethod::cascade:
-      case AttnMethod::auto_:
-        for (int s = 0; s < n_seq; ++s) seq_id[s] = cache.add_segment(prompt_leaf[s]);
-        break;
-      case AttnMethod::split:
-        for (int s = 0; s < n_seq; ++s) {
-          seq_id[s] = cache.add_segment(-1);
-          cache.copy_path(seq_id[s], prompt_leaf[s]);
-        }
-        for (int g = 0; g < int(tree.nodes.size()); ++g) cache.release(g);
-        break;
-      case AttnMethod::unified:
-        cache.build_unified(prompt_leaf);
-        std::iota(seq_id.begin(), seq_id.end(), 0);
-        break;
-    }
-    for (int s = 0; s < n_seq; ++s) {
-      if (params.n_predict == 0) {
-        res.sequences[s].stop = "length";
-        active[s] = false;
-        continue;
-      }
-      const int p = s / params.n_parallel;
-      accept(s, samplers[s].sample(prompt_logits.data() + int64_t(p) * hp.n_vocab, hp.n_vocab));
-    }
+    gen.prefill();
+    gen.start_sequences();
     res.prompt_ms = ms_since(t_prompt);
-
-    // --- decode ---
-    for (int step = 0;; ++step) {
-      const auto t_step = Clock::now();
-      entries.clear();
-      tokens.clear();
-      pos.clear();
-      std::vector<int> rows_seq;
-      for (int s = 0; s < n_seq; ++s) {
-        if (!active[s]) continue;
-        entries.push_back({seq_id[s], 1, next_pos[s]});
-        tokens.push_back(res.sequences[s].tokens.back());
-        pos.push_back(int32_t(next_pos[s]));
-        rows_seq.push_back(s);
-      }
-      if (rows_seq.empty()) break;
-      logit_rows.resize(rows_seq.size());
-      std::iota(logit_rows.begin(), logit_rows.end(), 0);
-      llama::Timings st;
-      cache.begin_step(std::move(entries));
-      entries = {};
-      model.forward(tokens, pos, cache, logit_rows, logits, &st);
-      for (size_t r = 0; r < rows_seq.size(); ++r) {
-        const int s = rows_seq[r];
-        ++next_pos[s];
-        accept(s, samplers[s].sample(logits.data() + int64_t(r) * hp.n_vocab, hp.n_vocab));
-      }
-      StepStat stat{ms_since(t_step), st.attention * 1e3, int(rows_seq.size())};
-      res.n_decode_tokens += stat.n_active;
-      res.steps.push_back(stat);
-      if (on_step) on_step(step, stat);
+    for (int step = 0; gen.decode_step(step, on_step); ++step) {
     }
-    res.kv_tokens = cache.stored_tokens();
-    res.kv_bytes = cache.kv_bytes();
-    res.cost_model = cache.cost_model();
+    gen.finish();
   });
   return res;
 }

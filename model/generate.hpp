@@ -1,15 +1,17 @@
 // Generation: n continuations of each of several prompts, decoded in parallel, one token per sequence per
 // step, with the attention method of the caller's choice (kv_cache.hpp).
 //
-//   1. The prompts' token ids become a radix tree (make_prompt_tree): every span shared by several prompts
-//      is one node, stored and prefilled once. The nodes' tokens, parents first, are prefilled in forward
-//      passes of at most n_batch rows: each node (or piece of one) is one "sequence" of the step's plan, its
+//   1. Prefill. The prompts' token ids become a radix tree (make_prompt_tree): every span shared by several
+//      prompts is one node, stored and prefilled once. The nodes' tokens, parents first, are prefilled in
+//      forward passes of at most n_batch rows: each node (or piece of one) is one entry of the step's tree, its
 //      rows attending its ancestors and causally itself.
-//   2. Every prompt gets n_parallel sequences; sequence s = prompt * n_parallel + j samples with its own
-//      random stream s (sampler.hpp), its first token from the prompt's last logits.
-//   3. Decode steps feed every active sequence's last token at once. A sequence stops at an
-//      end-of-generation token ("eog", not part of its tokens), after n_predict tokens ("length"), or when
-//      prompt + generated tokens fill the context n_ctx ("context").
+//   2. Sequence start. Every prompt gets n_parallel sequences, laid out as the method says (kv_cache.hpp's
+//      start_sequences); sequence s = prompt * n_parallel + j samples with its own random stream s
+//      (sampler.hpp), its first token from the prompt's last logits.
+//   3. Decode steps (generate.cpp's decode_step) feed every active sequence's last token at once: the step's
+//      attention is planned once, run in every layer, and each sequence samples its next token. A sequence
+//      stops at an end-of-generation token ("eog", not part of its tokens), after n_predict tokens ("length"),
+//      or when prompt + generated tokens fill the context n_ctx ("context").
 // The prompt's prefill is the same for every method; only how decode steps store and attend K/V differs.
 #pragma once
 
@@ -60,8 +62,9 @@ struct SequenceResult {
 };
 
 struct StepStat {
-  double ms = 0;       // the whole step: forward pass and sampling
-  double attn_ms = 0;  // attention calls inside it
+  double ms = 0;       // the whole step: planning, forward pass and sampling
+  double attn_ms = 0;  // attention calls inside it (running the step's plan in every layer)
+  double plan_ms = 0;  // planning the step's attention, once for all layers (KvCache::begin_step)
   int n_active = 0;    // sequences decoded in it
 };
 

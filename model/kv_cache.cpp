@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <unordered_map>
 
+#include "cascade/cpu/calibrate.hpp"
 #include "cascade/error.hpp"
 
 namespace cascade {
@@ -26,66 +26,25 @@ AttnMethod parse_attn_method(std::string_view s) {
   detail::fail("unknown attention method '", s, "' (expected cascade, split, unified or auto)");
 }
 
-KvCache::KvCache(int n_layer, const HeadShape& shape, DType dtype, AttnMethod method)
-    : n_layer_(n_layer), shape_(shape), dtype_(dtype), method_(method) {
+// --- KvCache ---
+
+KvCache::KvCache(int n_layer, const HeadShape& shape, DType dtype) : n_layer_(n_layer), shape_(shape), dtype_(dtype) {
   shape.validate();
   CASCADE_CHECK(n_layer > 0, "KV cache: n_layer must be positive (got ", n_layer, ")");
 }
 
-void KvCache::check_seg(int seg) const {
-  CASCADE_CHECK(seg >= 0 && seg < int(segs_.size()), "KV cache: segment ", seg, " does not exist");
-  CASCADE_CHECK(!segs_[seg].released, "KV cache: segment ", seg, " was released");
-}
-
-int KvCache::add_segment(int parent, int64_t start) {
-  CASCADE_CHECK(!unified_built_, "KV cache: no new segments after build_unified");
-  Segment s;
-  if (parent >= 0) {
-    check_seg(parent);
-    s.parent = parent;
-    s.start = start >= 0 ? start : segs_[parent].start + segs_[parent].layers[0].n;
-    CASCADE_CHECK(s.start >= segs_[parent].start, "KV cache: a segment cannot start before its parent");
-  } else {
-    s.start = start >= 0 ? start : 0;
-  }
-  s.layers.resize(n_layer_);
-  segs_.push_back(std::move(s));
-  return int(segs_.size()) - 1;
-}
-
-int KvCache::parent(int seg) const {
-  check_seg(seg);
-  return segs_[seg].parent;
-}
-int64_t KvCache::n_tokens(int seg) const {
-  check_seg(seg);
-  return segs_[seg].layers[0].n;
-}
-int64_t KvCache::start(int seg) const {
-  check_seg(seg);
-  return segs_[seg].start;
-}
-
-std::vector<int> KvCache::path(int seg) const {
-  std::vector<int> p;
-  for (int g = seg; g >= 0; g = segs_[g].parent) {
-    check_seg(g);
-    p.push_back(g);
-  }
-  std::reverse(p.begin(), p.end());
-  return p;
-}
-
-void KvCache::append_raw(Buf& b, const uint8_t* k, const uint8_t* v, int64_t n) {
-  const size_t bytes = size_t(n * row_bytes()), at = size_t(b.n * row_bytes());
+void KvCache::append_raw(KvBuffer& b, const KvBuffer& src) const {
+  const size_t bytes = size_t(src.n * row_bytes()), at = size_t(b.n * row_bytes());
   b.k.resize(at + bytes);  // std::vector grows geometrically: appends are amortized O(1) per token
   b.v.resize(at + bytes);
-  std::memcpy(b.k.data() + at, k, bytes);
-  std::memcpy(b.v.data() + at, v, bytes);
-  b.n += n;
+  if (bytes) {
+    std::memcpy(b.k.data() + at, src.k.data(), bytes);
+    std::memcpy(b.v.data() + at, src.v.data(), bytes);
+  }
+  b.n += src.n;
 }
 
-void KvCache::append(Buf& b, const float* k, const float* v, int64_t n) {
+void KvCache::append(KvBuffer& b, const float* k, const float* v, int64_t n) const {
   const int64_t m = n * shape_.n_kv_heads * shape_.head_dim;
   const size_t at = size_t(b.n * row_bytes()), bytes = size_t(n * row_bytes());
   b.k.resize(at + bytes);
@@ -101,7 +60,7 @@ void KvCache::append(Buf& b, const float* k, const float* v, int64_t n) {
   b.n += n;
 }
 
-KvView KvCache::view(const Buf& b) const {
+KvView KvCache::view(const KvBuffer& b) const {
   KvView kv;
   kv.dtype = dtype_;
   kv.n_tokens = b.n;
@@ -114,156 +73,349 @@ KvView KvCache::view(const Buf& b) const {
   return kv;
 }
 
-void KvCache::copy_path(int dst, int leaf) {
-  check_seg(dst);
-  CASCADE_CHECK(n_tokens(dst) == 0 && segs_[dst].parent < 0, "KV cache: copy_path needs an empty root segment");
-  for (int g : path(leaf))
-    for (int il = 0; il < n_layer_; ++il) {
-      const Buf& src = segs_[g].layers[il];
-      append_raw(segs_[dst].layers[il], src.k.data(), src.v.data(), src.n);
-    }
-}
-
-void KvCache::release(int seg) {
-  check_seg(seg);
-  for (Buf& b : segs_[seg].layers) {
-    b.n = 0;
-    std::vector<uint8_t>().swap(b.k);
-    std::vector<uint8_t>().swap(b.v);
-  }
-  segs_[seg].released = true;
-}
-
-void KvCache::build_unified(const std::vector<int>& seq_leaf) {
-  CASCADE_CHECK(!unified_built_, "KV cache: build_unified called twice");
-  n_seq_ = int(seq_leaf.size());
-  n_words_ = std::max<int64_t>(1, (n_seq_ + 63) / 64);
-  // Which sequences see each segment.
-  std::vector<std::vector<int>> seg_seqs(segs_.size());
-  for (int s = 0; s < n_seq_; ++s)
-    for (int g : path(seq_leaf[s])) seg_seqs[g].push_back(s);
-  ubuf_.assign(n_layer_, Buf{});
-  for (int g = 0; g < int(segs_.size()); ++g) {
-    if (seg_seqs[g].empty() || segs_[g].released) continue;
-    const int64_t n = segs_[g].layers[0].n;
-    for (int il = 0; il < n_layer_; ++il) {
-      const Buf& src = segs_[g].layers[il];
-      append_raw(ubuf_[il], src.k.data(), src.v.data(), src.n);
-    }
-    for (int64_t t = 0; t < n; ++t) {
-      key_pos_.push_back(int32_t(segs_[g].start + t));
-      const size_t w0 = key_seqs_.size();
-      key_seqs_.resize(w0 + n_words_, 0);
-      for (int s : seg_seqs[g]) key_seqs_[w0 + s / 64] |= uint64_t(1) << (s % 64);
-    }
-  }
-  for (int g = 0; g < int(segs_.size()); ++g)
-    if (!segs_[g].released) release(g);
-  unified_built_ = true;
-}
-
-void KvCache::begin_step(std::vector<Entry> entries) {
-  entries_ = std::move(entries);
+int64_t KvCache::count_rows(const std::vector<Entry>& entries) {
   step_rows_ = 0;
-  for (const Entry& e : entries_) {
+  for (const Entry& e : entries) {
     CASCADE_CHECK(e.n_rows >= 0, "KV cache: negative row count in a step");
     step_rows_ += e.n_rows;
   }
-  step_paths_.clear();
-  step_segs_.clear();
-  row_seq_.clear();
-  row_pos_.clear();
-  if (unified_built_) {
-    for (const Entry& e : entries_) {
-      CASCADE_CHECK(e.id >= 0 && e.id < n_seq_, "KV cache: step names sequence ", e.id, " of ", n_seq_);
-      for (int64_t i = 0; i < e.n_rows; ++i) {
-        row_seq_.push_back(e.id);
-        row_pos_.push_back(int32_t(e.pos + i));
-        // The step's keys: this token, seen by its own sequence only.
-        key_pos_.push_back(int32_t(e.pos + i));
-        const size_t w0 = key_seqs_.size();
-        key_seqs_.resize(w0 + n_words_, 0);
-        key_seqs_[w0 + e.id / 64] |= uint64_t(1) << (e.id % 64);
-      }
-    }
-    return;
-  }
-  std::unordered_map<int, int> compact;
-  step_independent_ = true;
-  for (const Entry& e : entries_) {
-    check_seg(e.id);
-    CASCADE_CHECK(e.pos == segs_[e.id].start + segs_[e.id].layers[0].n, "KV cache: a step appends to segment ",
-                  e.id, " at position ", e.pos, " but its next position is ",
-                  segs_[e.id].start + segs_[e.id].layers[0].n);
-    std::vector<int> p;
-    for (int g : path(e.id)) {
-      auto [it, added] = compact.try_emplace(g, int(step_segs_.size()));
-      if (added) step_segs_.push_back(g);
-      p.push_back(it->second);
-    }
-    step_independent_ = step_independent_ && p.size() == 1;
-    step_paths_.push_back(std::move(p));
-  }
+  return step_rows_;
 }
 
-void KvCache::store(int il, const float* k, const float* v) {
+// --- TreeCache ---
+
+TreeCache::TreeCache(int n_layer, const HeadShape& shape, DType dtype, bool regroup)
+    : KvCache(n_layer, shape, dtype), regroup_(regroup) {}
+
+void TreeCache::check_seg(int seg) const {
+  CASCADE_CHECK(seg >= 0 && seg < int(segs_.size()), "KV cache: segment ", seg, " does not exist");
+  CASCADE_CHECK(segs_[size_t(seg)].live, "KV cache: segment ", seg, " was released");
+}
+
+int TreeCache::add_segment(int parent, int64_t start) {
+  Segment s;
+  s.live = true;
+  if (parent >= 0) {
+    check_seg(parent);
+    const Segment& p = segs_[size_t(parent)];
+    s.parent = parent;
+    s.start = start >= 0 ? start : p.start + p.layers[0].n;
+    CASCADE_CHECK(s.start >= p.start, "KV cache: a segment cannot start before its parent");
+  } else {
+    s.start = start >= 0 ? start : 0;
+  }
+  s.layers.resize(size_t(n_layer_));
+  in_step_ = false;
+  int id;
+  if (!free_ids_.empty()) {
+    id = free_ids_.back();
+    free_ids_.pop_back();
+    segs_[size_t(id)] = std::move(s);
+  } else {
+    id = int(segs_.size());
+    segs_.push_back(std::move(s));
+  }
+  if (parent >= 0) ++segs_[size_t(parent)].n_children;
+  return id;
+}
+
+int TreeCache::split(int seg, int64_t n_keep) {
+  check_seg(seg);
+  const int64_t n = n_tokens(seg);
+  CASCADE_CHECK(n_keep > 0 && n_keep < n, "KV cache: cannot split segment ", seg, " of ", n, " tokens after ",
+                n_keep);
+  const int tail = add_segment(seg, segs_[size_t(seg)].start + n_keep);
+  Segment& head = segs_[size_t(seg)];
+  Segment& t = segs_[size_t(tail)];
+  const size_t keep = size_t(n_keep * row_bytes());
+  for (int il = 0; il < n_layer_; ++il) {
+    KvBuffer& from = head.layers[size_t(il)];
+    KvBuffer& to = t.layers[size_t(il)];
+    to.k.assign(from.k.begin() + ptrdiff_t(keep), from.k.begin() + ptrdiff_t(from.n * row_bytes()));
+    to.v.assign(from.v.begin() + ptrdiff_t(keep), from.v.begin() + ptrdiff_t(from.n * row_bytes()));
+    to.n = from.n - n_keep;
+    from.k.resize(keep);
+    from.v.resize(keep);
+    from.n = n_keep;
+  }
+  // The tail takes over seg's other children.
+  for (int c = 0; c < int(segs_.size()); ++c) {
+    if (c == tail || !segs_[size_t(c)].live || segs_[size_t(c)].parent != seg) continue;
+    segs_[size_t(c)].parent = tail;
+    ++t.n_children;
+    --head.n_children;
+  }
+  return tail;
+}
+
+int TreeCache::parent(int seg) const {
+  check_seg(seg);
+  return segs_[size_t(seg)].parent;
+}
+int TreeCache::n_children(int seg) const {
+  check_seg(seg);
+  return segs_[size_t(seg)].n_children;
+}
+int64_t TreeCache::n_tokens(int seg) const {
+  check_seg(seg);
+  return segs_[size_t(seg)].layers[0].n;
+}
+int64_t TreeCache::start(int seg) const {
+  check_seg(seg);
+  return segs_[size_t(seg)].start;
+}
+KvView TreeCache::view(int seg, int il) const {
+  check_seg(seg);
+  CASCADE_CHECK(il >= 0 && il < n_layer_, "KV cache: layer ", il, " out of range");
+  return KvCache::view(segs_[size_t(seg)].layers[size_t(il)]);
+}
+
+std::vector<int> TreeCache::path(int seg) const {
+  std::vector<int> p;
+  for (int g = seg; g >= 0; g = segs_[size_t(g)].parent) {
+    check_seg(g);
+    p.push_back(g);
+  }
+  std::reverse(p.begin(), p.end());
+  return p;
+}
+
+void TreeCache::copy_path(int dst, int leaf) {
+  check_seg(dst);
+  CASCADE_CHECK(n_tokens(dst) == 0 && segs_[size_t(dst)].parent < 0, "KV cache: copy_path needs an empty root segment");
+  for (int g : path(leaf))
+    for (int il = 0; il < n_layer_; ++il) append_raw(segs_[size_t(dst)].layers[size_t(il)], segs_[size_t(g)].layers[size_t(il)]);
+  in_step_ = false;
+}
+
+void TreeCache::release(int seg) {
+  check_seg(seg);
+  Segment& s = segs_[size_t(seg)];
+  CASCADE_CHECK(s.n_children == 0, "KV cache: segment ", seg, " still has ", s.n_children,
+                " children (release them first)");
+  if (s.parent >= 0) --segs_[size_t(s.parent)].n_children;
+  s = Segment{};
+  free_ids_.push_back(seg);
+  in_step_ = false;
+}
+
+// The step's tree: the entries' paths over the segments they use (compact ids, in order of first use), each
+// segment as long as it will be once the step's rows are stored.
+Tree TreeCache::step_tree(const std::vector<Entry>& entries) {
+  step_segs_.clear();
+  compact_.assign(segs_.size(), -1);
+  std::vector<int64_t> len;
+  std::vector<std::vector<int>> paths;
+  std::vector<int64_t> n_query;
+  std::vector<char> named(segs_.size(), 0);
+  for (const Entry& e : entries) {
+    check_seg(e.id);
+    const Segment& s = segs_[size_t(e.id)];
+    CASCADE_CHECK(e.pos == s.start + s.layers[0].n, "KV cache: a step appends to segment ", e.id, " at position ",
+                  e.pos, " but its next position is ", s.start + s.layers[0].n);
+    CASCADE_CHECK(!named[size_t(e.id)]++, "KV cache: a step names segment ", e.id, " twice");
+    std::vector<int> p = path(e.id);
+    for (int& g : p) {
+      int& c = compact_[size_t(g)];
+      if (c < 0) {
+        c = int(step_segs_.size());
+        step_segs_.push_back(g);
+        len.push_back(segs_[size_t(g)].layers[0].n);
+      }
+      g = c;
+    }
+    len[size_t(p.back())] += e.n_rows;
+    paths.push_back(std::move(p));
+    n_query.push_back(e.n_rows);
+  }
+  // A path's segments must be complete: each ends where the next starts.
+  for (const Entry& e : entries)
+    for (int g = e.id; segs_[size_t(g)].parent >= 0; g = segs_[size_t(g)].parent) {
+      const int p = segs_[size_t(g)].parent;
+      CASCADE_CHECK(segs_[size_t(p)].start + len[size_t(compact_[size_t(p)])] == segs_[size_t(g)].start,
+                    "KV cache: segment ", p, " ends at position ", segs_[size_t(p)].start + len[size_t(compact_[size_t(p)])],
+                    " but its child ", g, " starts at ", segs_[size_t(g)].start);
+    }
+  return Tree::build(shape_, std::move(len), paths, n_query);
+}
+
+void TreeCache::begin_step(const std::vector<Entry>& entries) {
+  in_step_ = false;
+  count_rows(entries);
+  entries_ = entries;
+  Tree tree = step_tree(entries);
+  cpu::Options opt;
+  opt.kv_dtype = dtype_;
+  if (regroup_) {
+    bool shared = false;  // auto has a choice only where a span is below two sequences
+    std::vector<char> seen(size_t(tree.n_segments()), 0);
+    for (int s = 0; s < tree.n_sequences() && !shared; ++s)
+      for (int g : tree.sequence(s).path) shared = shared || seen[size_t(g)]++ > 0;
+    if (shared && !cost_) cost_ = calibrate(0, shape_);
+    if (shared) opt.cost_model = &*cost_;
+  }
+  plan_ = cpu::plan(std::move(tree), opt);
+  in_step_ = true;
+}
+
+void TreeCache::store(int il, const float* k, const float* v) {
+  CASCADE_CHECK(in_step_, "KV cache: store() outside a step (begin_step first; the tree changed since)");
   CASCADE_CHECK(il >= 0 && il < n_layer_, "KV cache: layer ", il, " out of range");
   const int64_t per_row = int64_t(shape_.n_kv_heads) * shape_.head_dim;
-  if (unified_built_) {
-    append(ubuf_[il], k, v, step_rows_);
-    return;
-  }
   int64_t row = 0;
   for (const Entry& e : entries_) {
-    append(segs_[e.id].layers[il], k + row * per_row, v + row * per_row, e.n_rows);
+    append(segs_[size_t(e.id)].layers[size_t(il)], k + row * per_row, v + row * per_row, e.n_rows);
     row += e.n_rows;
   }
 }
 
-void KvCache::attend(int il, const float* q, float* o, const cpu::Options& opt) {
-  if (unified_built_) {
-    cpu::UnifiedBatch b;
-    b.kv = view(ubuf_[il]);
-    b.key_seqs = key_seqs_.data();
-    b.n_words = n_words_;
-    b.key_pos = key_pos_.data();
-    b.n_rows = step_rows_;
-    b.row_seq = row_seq_.data();
-    b.row_pos = row_pos_.data();
-    cpu::attend_unified(shape_, b, q, o, nullptr, opt);
-    return;
-  }
-  std::vector<KvView> views;
-  views.reserve(step_segs_.size());
-  for (int g : step_segs_) views.push_back(view(segs_[g].layers[il]));
-  std::vector<int64_t> n_query;
-  for (const Entry& e : entries_) n_query.push_back(e.n_rows);
-  const Plan plan = step_independent_ ? Plan::independent(shape_, std::move(views), n_query)
-                                      : Plan::build(shape_, std::move(views), step_paths_, n_query);
-  // auto: the cascade tree, regrouped where a shared pass does not pay (auto.hpp). The cost model is given
-  // (generate() sets it), or calibrated once here, at the first step where some span is shared (a lone
-  // sequence has nothing to choose).
-  if (method_ == AttnMethod::auto_ && !step_independent_ && plan.n_sequences() >= 2) {
-    if (!cost_) cost_ = calibrate(opt.n_threads, shape_);
-    cpu::attend(choose_plan(plan, *cost_), q, o, nullptr, opt);
-    return;
-  }
-  cpu::attend(plan, q, o, nullptr, opt);
+void TreeCache::attend(int il, const float* q, float* o) {
+  CASCADE_CHECK(in_step_, "KV cache: attend() outside a step (begin_step first; the tree changed since)");
+  CASCADE_CHECK(il >= 0 && il < n_layer_, "KV cache: layer ", il, " out of range");
+  cpu::run(plan_, [&](int g) { return KvCache::view(segs_[size_t(step_segs_[size_t(g)])].layers[size_t(il)]); }, q, o);
 }
 
-int64_t KvCache::stored_tokens() const {
+int64_t TreeCache::stored_tokens() const {
   int64_t n = 0;
-  for (const Segment& s : segs_) n += s.layers[0].n;
-  if (unified_built_) n += ubuf_[0].n;
+  for (const Segment& s : segs_)
+    if (s.live) n += s.layers[0].n;
   return n;
 }
 
-size_t KvCache::kv_bytes() const {
-  size_t n = 0;
-  for (const Segment& s : segs_)
-    for (const Buf& b : s.layers) n += size_t(2 * b.n * row_bytes());
-  for (const Buf& b : ubuf_) n += size_t(2 * b.n * row_bytes());
-  return n;
+// --- UnifiedCache ---
+
+UnifiedCache::UnifiedCache(TreeCache&& tree, const std::vector<int>& seq_leaf)
+    : KvCache(tree.n_layer(), tree.shape(), tree.dtype()), n_seq_(int(seq_leaf.size())) {
+  n_words_ = std::max<int64_t>(1, (n_seq_ + 63) / 64);
+  // The sequences that see each segment, segments in order of first sight.
+  std::vector<int> order;
+  std::vector<std::vector<int>> seqs_of;
+  std::vector<int> index_of;
+  for (int s = 0; s < n_seq_; ++s)
+    for (int g : tree.path(seq_leaf[size_t(s)])) {
+      if (size_t(g) >= index_of.size()) index_of.resize(size_t(g) + 1, -1);
+      if (index_of[size_t(g)] < 0) {
+        index_of[size_t(g)] = int(order.size());
+        order.push_back(g);
+        seqs_of.emplace_back();
+      }
+      seqs_of[size_t(index_of[size_t(g)])].push_back(s);
+    }
+  std::sort(order.begin(), order.end());  // segment order, as the tree stores them
+  buf_.assign(size_t(n_layer_), KvBuffer{});
+  for (int g : order) {
+    const int64_t n = tree.n_tokens(g);
+    for (int il = 0; il < n_layer_; ++il) {
+      const KvView src = tree.view(g, il);
+      KvBuffer& b = buf_[size_t(il)];
+      const size_t at = size_t(b.n * row_bytes()), bytes = size_t(n * row_bytes());
+      b.k.resize(at + bytes);
+      b.v.resize(at + bytes);
+      if (bytes) {
+        std::memcpy(b.k.data() + at, src.k, bytes);
+        std::memcpy(b.v.data() + at, src.v, bytes);
+      }
+      b.n += n;
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      key_pos_.push_back(int32_t(tree.start(g) + t));
+      const size_t w0 = key_seqs_.size();
+      key_seqs_.resize(w0 + size_t(n_words_), 0);
+      for (int s : seqs_of[size_t(index_of[size_t(g)])]) key_seqs_[w0 + size_t(s / 64)] |= uint64_t(1) << (s % 64);
+    }
+  }
+}
+
+void UnifiedCache::begin_step(const std::vector<Entry>& entries) {
+  count_rows(entries);
+  row_seq_.clear();
+  row_pos_.clear();
+  for (const Entry& e : entries) {
+    CASCADE_CHECK(e.id >= 0 && e.id < n_seq_, "KV cache: step names sequence ", e.id, " of ", n_seq_);
+    for (int64_t i = 0; i < e.n_rows; ++i) {
+      row_seq_.push_back(e.id);
+      row_pos_.push_back(int32_t(e.pos + i));
+      // The step's keys: this token, seen by its own sequence only.
+      key_pos_.push_back(int32_t(e.pos + i));
+      const size_t w0 = key_seqs_.size();
+      key_seqs_.resize(w0 + size_t(n_words_), 0);
+      key_seqs_[w0 + size_t(e.id / 64)] |= uint64_t(1) << (e.id % 64);
+    }
+  }
+  plan_ = cpu::plan_unified(shape_, int64_t(key_pos_.size()), step_rows_);
+}
+
+void UnifiedCache::store(int il, const float* k, const float* v) {
+  CASCADE_CHECK(il >= 0 && il < n_layer_, "KV cache: layer ", il, " out of range");
+  append(buf_[size_t(il)], k, v, step_rows_);
+}
+
+void UnifiedCache::attend(int il, const float* q, float* o) {
+  CASCADE_CHECK(il >= 0 && il < n_layer_, "KV cache: layer ", il, " out of range");
+  cpu::UnifiedBatch b;
+  b.kv = view(buf_[size_t(il)]);
+  b.key_seqs = key_seqs_.data();
+  b.n_words = n_words_;
+  b.key_pos = key_pos_.data();
+  b.n_rows = step_rows_;
+  b.row_seq = row_seq_.data();
+  b.row_pos = row_pos_.data();
+  cpu::run_unified(plan_, b, q, o);
+}
+
+// --- the methods ---
+
+double peak_kv_tokens(AttnMethod m, int64_t tree_tokens, int64_t prompt_tokens, int n_parallel, double gen_tokens) {
+  switch (m) {
+    case AttnMethod::cascade:
+    case AttnMethod::auto_: return double(tree_tokens) + gen_tokens;
+    // The copies exist beside the tree until it is released.
+    case AttnMethod::split: return double(tree_tokens) + double(n_parallel) * double(prompt_tokens) + gen_tokens;
+    // The buffer is filled from the tree before the tree goes.
+    case AttnMethod::unified: return 2.0 * double(tree_tokens) + gen_tokens;
+  }
+  return 0;
+}
+
+std::unique_ptr<TreeCache> make_prefill_cache(AttnMethod m, int n_layer, const HeadShape& shape, DType dtype) {
+  return std::make_unique<TreeCache>(n_layer, shape, dtype, m == AttnMethod::auto_);
+}
+
+std::unique_ptr<KvCache> start_sequences(AttnMethod m, std::unique_ptr<TreeCache> prefilled,
+                                         const std::vector<int>& seq_leaf, std::vector<int>& seq_id) {
+  TreeCache& tree = *prefilled;
+  seq_id.resize(seq_leaf.size());
+  switch (m) {
+    case AttnMethod::cascade:
+    case AttnMethod::auto_:
+      for (size_t s = 0; s < seq_leaf.size(); ++s) seq_id[s] = tree.add_segment(seq_leaf[s]);
+      return prefilled;
+    case AttnMethod::split: {
+      std::vector<int> prompt_segs;  // every segment on a prompt's path
+      for (int leaf : seq_leaf)
+        for (int g = leaf; g >= 0; g = tree.parent(g))
+          if (std::find(prompt_segs.begin(), prompt_segs.end(), g) == prompt_segs.end()) prompt_segs.push_back(g);
+      for (size_t s = 0; s < seq_leaf.size(); ++s) {
+        seq_id[s] = tree.add_segment(-1);
+        tree.copy_path(seq_id[s], seq_leaf[s]);
+      }
+      // The prompts' segments go once copied, each after its children.
+      while (!prompt_segs.empty()) {
+        const size_t before = prompt_segs.size();
+        std::erase_if(prompt_segs, [&](int g) {
+          if (tree.n_children(g) > 0) return false;
+          tree.release(g);
+          return true;
+        });
+        CASCADE_CHECK(prompt_segs.size() < before, "start_sequences: a prompt's segment has a child no prompt ends in");
+      }
+      return prefilled;
+    }
+    case AttnMethod::unified:
+      for (size_t s = 0; s < seq_leaf.size(); ++s) seq_id[s] = int(s);
+      return std::make_unique<UnifiedCache>(std::move(tree), seq_leaf);
+  }
+  detail::fail("start_sequences: unknown method");
 }
 
 }  // namespace cascade

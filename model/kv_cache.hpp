@@ -1,29 +1,34 @@
-// The KV cache: a tree of segments per layer, and the step's attention through the cascade library.
+// The K/V cache: one small interface (KvCache, what the forward pass calls), one type per layout.
 //
-// A segment is a span of consecutive tokens; a sequence's keys are the segments on its path from a root,
-// root first (plan.hpp). Prompts are prefilled into the upper levels of the tree (shared spans once);
-// every generating sequence then appends its own tokens to a segment of its own. What a sequence's own
-// segment hangs from decides the method:
-//   cascade  the sequence's segment is a child of its prompt's last segment: the prompt is stored once
-//            and attended once per step for all sequences below it (cpu::attend on the tree's Plan);
-//   split    the sequence's segment is a root holding a copy of its whole prompt (copy_path), attended
-//            alone (Plan::independent), as llama.cpp's per-sequence KV streams;
-//   unified  build_unified() moves every token into one buffer per layer, each key carrying the set of
-//            sequences that see it and its position; each step appends the new tokens to the same buffer
-//            and every query row scores every key under a mask (cpu::attend_unified, llama.cpp's default).
+//   TreeCache     a tree of segments per layer. A segment is a span of consecutive tokens; a sequence's keys
+//                 are the segments on its path from a root, root first (tree.hpp). Shared spans are stored
+//                 once and attended once per step for every sequence below them (cpu::run on the step's
+//                 plan). The tree may change between any two steps: segments added, split, forked and
+//                 released while other sequences keep running (a server's prefix tree).
+//   UnifiedCache  every token in one buffer per layer, each key carrying the set of sequences that see it
+//                 and its position; each step appends the new tokens and every query row scores every key
+//                 under a mask (cpu::run_unified, llama.cpp's default).
 //
-// Storage: K and V of a segment are dense (n_tokens, n_kv_heads, head_dim) buffers per layer, grown by
-// amortized reallocation (views are rebuilt every step, so moving a buffer is harmless). The element
-// type is chosen per cache: f16 by default (llama.cpp's default cache type, so the comparison with it is
-// like for like, and attention reads half the bytes of f32), f32 where a test wants the forward pass
-// exact to f32 rounding.
+// What each --attn method means lives in one place, below (make_prefill_cache, start_sequences, peak_kv_tokens):
+//   cascade  a TreeCache; each sequence's own segment is a child of its prompt's last segment;
+//   auto     the same, and each step's plan regroups spans where a shared pass does not pay (auto.hpp);
+//   split    a TreeCache; each sequence's own segment is a root holding a copy of its whole prompt, attended
+//            alone (llama.cpp's per-sequence KV streams);
+//   unified  a UnifiedCache built from the prefilled tree.
 //
-// A step: begin_step() names, in row order, which segment (or sequence, when unified) each group of the
-// step's rows belongs to; then for every layer store() appends their K/V and attend() runs attention for
-// their queries, each row seeing its own position and everything before it on its path.
+// Storage: K and V of a segment (or of the unified buffer) are dense (n_tokens, n_kv_heads, head_dim)
+// buffers per layer, grown by amortized reallocation (views are made per layer per step, so moving a buffer
+// is harmless). The element type is chosen per cache: f16 by default (llama.cpp's default cache type, so the
+// comparison with it is like for like, and attention reads half the bytes of f32), f32 where a test wants
+// the forward pass exact to f32 rounding.
+//
+// A step: begin_step() names, in row order, whose (a segment's, or a unified sequence's) each group of the
+// step's rows is, and plans the step's attention once; then for every layer store() appends their K/V and
+// attend() runs the plan on that layer, each row seeing its own position and everything before it.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -31,6 +36,7 @@
 #include "cascade/auto.hpp"
 #include "cascade/cpu/attention.hpp"
 #include "cascade/dtype.hpp"
+#include "cascade/kv.hpp"
 #include "cascade/plan.hpp"
 
 namespace cascade {
@@ -39,96 +45,154 @@ enum class AttnMethod { cascade, split, unified, auto_ };
 const char* attn_method_name(AttnMethod m);
 AttnMethod parse_attn_method(std::string_view s);  // "cascade", "split", "unified", "auto"; else Error
 
+// One layer's K or V rows of one span: dense (n, n_kv_heads, head_dim) elements of the cache's type.
+struct KvBuffer {
+  std::vector<uint8_t> k, v;
+  int64_t n = 0;
+};
+
 class KvCache {
  public:
-  KvCache(int n_layer, const HeadShape& shape, DType dtype, AttnMethod method);
-
-  AttnMethod method() const { return method_; }
-  // auto's cost model: set one (a saved profile) to skip calibration; empty until set or calibrated.
-  void set_cost_model(const CostModel& m) { cost_ = m; }
-  const std::optional<CostModel>& cost_model() const { return cost_; }
-  DType dtype() const { return dtype_; }
-  const HeadShape& shape() const { return shape_; }
-  int n_layer() const { return n_layer_; }
-  bool unified() const { return unified_built_; }
-
-  // --- the tree ---
-  // A new empty segment below parent (-1: a new root) whose first token will sit at position `start`;
-  // start < 0: right after the parent's tokens (a fork). Returns its id.
-  int add_segment(int parent, int64_t start = -1);
-  int n_segments() const { return int(segs_.size()); }
-  int parent(int seg) const;
-  int64_t n_tokens(int seg) const;     // tokens stored (equal in every layer between steps)
-  int64_t start(int seg) const;        // position of its first token: the tokens of its ancestors
-  std::vector<int> path(int seg) const;  // root first, seg last
-  // Appends to dst, in every layer, the K/V of every segment on leaf's path (root first). dst must be empty.
-  void copy_path(int dst, int leaf);
-  // Frees a segment's memory; it keeps its id but must no longer be on any path a step uses.
-  void release(int seg);
-
-  // --- unified ---
-  // Builds the one-buffer layout: sequence s (s < seq_leaf.size()) sees the segments on seq_leaf[s]'s
-  // path. Each of those segments is copied into the buffer once, then released. After this, step entries
-  // name sequences, not segments.
-  void build_unified(const std::vector<int>& seq_leaf);
-  int n_sequences() const { return n_seq_; }
-
-  // --- a step ---
   struct Entry {
-    int id = 0;          // a segment (tree) or a sequence (unified)
+    int id = 0;          // a segment (TreeCache) or a sequence (UnifiedCache)
     int64_t n_rows = 0;  // the step's rows for it, consecutive, in entry order
-    int64_t pos = 0;     // position of its first row; the tree checks it equals start + n_tokens
+    int64_t pos = 0;     // position of its first row: right after the tokens it already holds
   };
-  void begin_step(std::vector<Entry> entries);
+
+  KvCache(int n_layer, const HeadShape& shape, DType dtype);
+  virtual ~KvCache() = default;
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  int n_layer() const { return n_layer_; }
+  const HeadShape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+
+  // Starts a step and plans its attention (once for every layer). Throws Error naming a bad entry.
+  virtual void begin_step(const std::vector<Entry>& entries) = 0;
   int64_t step_rows() const { return step_rows_; }
   // k, v: (step_rows, n_kv_heads, head_dim) f32. Appends them to layer il.
-  void store(int il, const float* k, const float* v);
+  virtual void store(int il, const float* k, const float* v) = 0;
   // q, o: (step_rows, n_q_heads, head_dim) f32. Must follow store(il, ...).
-  void attend(int il, const float* q, float* o, const cpu::Options& opt = {});
+  virtual void attend(int il, const float* q, float* o) = 0;
 
-  // --- what is stored ---
-  int64_t stored_tokens() const;  // tokens held (per layer), each stored copy counted
-  size_t kv_bytes() const;        // K and V bytes over all layers
+  virtual int64_t stored_tokens() const = 0;  // tokens held (per layer), each stored copy counted
+  size_t kv_bytes() const { return size_t(stored_tokens()) * size_t(n_layer_) * 2 * size_t(row_bytes()); }
 
- private:
-  struct Buf {
-    std::vector<uint8_t> k, v;
-    int64_t n = 0;
-  };
-  struct Segment {
-    int parent = -1;
-    int64_t start = 0;
-    bool released = false;
-    std::vector<Buf> layers;  // (n_layer)
-  };
+ protected:
   int64_t row_bytes() const { return int64_t(shape_.n_kv_heads) * shape_.head_dim * dtype_size(dtype_); }
-  KvView view(const Buf& b) const;
-  void append(Buf& b, const float* k, const float* v, int64_t n);
-  void append_raw(Buf& b, const uint8_t* k, const uint8_t* v, int64_t n);
-  void check_seg(int seg) const;
+  void append(KvBuffer& b, const float* k, const float* v, int64_t n) const;  // converts to the cache's type
+  void append_raw(KvBuffer& b, const KvBuffer& src) const;                     // src's rows as they are
+  KvView view(const KvBuffer& b) const;
+  int64_t count_rows(const std::vector<Entry>& entries);  // sets step_rows_
 
   int n_layer_;
   HeadShape shape_;
   DType dtype_;
-  AttnMethod method_;
-  std::optional<CostModel> cost_;  // auto: given, or calibrated at the first attend() with a shared span
-  std::vector<Segment> segs_;
+  int64_t step_rows_ = 0;
+};
 
-  // unified layout
-  bool unified_built_ = false;
+class TreeCache final : public KvCache {
+ public:
+  // regroup: auto's cost model regroups each step's tree (calibrated at the first step that shares a span
+  // when none is set).
+  TreeCache(int n_layer, const HeadShape& shape, DType dtype, bool regroup = false);
+
+  // --- the tree; any of these may run between steps, while other sequences keep decoding ---
+  // A new empty segment below parent (-1: a new root) whose first token will sit at position `start`;
+  // start < 0: right after the parent's tokens (a fork). Reuses a released id. Returns its id.
+  int add_segment(int parent, int64_t start = -1);
+  // Splits seg after its first n_keep tokens: the rest move to a new child that takes over seg's children
+  // (a radix tree's split when a new prefix diverges inside seg). Returns the new child's id.
+  int split(int seg, int64_t n_keep);
+  // Appends to dst, in every layer, the K/V of every segment on leaf's path (root first). dst must be an
+  // empty root.
+  void copy_path(int dst, int leaf);
+  // Frees a segment without children; its id may be handed out again by add_segment.
+  void release(int seg);
+
+  bool live(int seg) const { return seg >= 0 && seg < int(segs_.size()) && segs_[size_t(seg)].live; }
+  int parent(int seg) const;
+  int n_children(int seg) const;
+  int64_t n_tokens(int seg) const;       // tokens stored (equal in every layer between steps)
+  int64_t start(int seg) const;          // position of its first token: the tokens of its ancestors
+  std::vector<int> path(int seg) const;  // root first, seg last
+  KvView view(int seg, int il) const;    // layer il's K/V of the segment
+
+  // auto's cost model: set one (a saved profile) to skip calibration; empty until set or calibrated.
+  void set_cost_model(const CostModel& m) { cost_ = m; }
+  const std::optional<CostModel>& cost_model() const { return cost_; }
+
+  // Entries name segments; each appends its rows to its segment, which must hold exactly the tokens before
+  // pos. Every segment on an entry's path must be complete: its tokens end where its child starts.
+  void begin_step(const std::vector<Entry>& entries) override;
+  void store(int il, const float* k, const float* v) override;
+  void attend(int il, const float* q, float* o) override;
+  const Plan& step_plan() const { return plan_; }
+
+  int64_t stored_tokens() const override;
+
+ private:
+  struct Segment {
+    int parent = -1;
+    int64_t start = 0;
+    bool live = false;
+    int n_children = 0;
+    std::vector<KvBuffer> layers;  // (n_layer)
+  };
+  void check_seg(int seg) const;
+  Tree step_tree(const std::vector<Entry>& entries);
+
+  bool regroup_;
+  std::optional<CostModel> cost_;
+  std::vector<Segment> segs_;
+  std::vector<int> free_ids_;
+
+  // the current step
+  std::vector<Entry> entries_;
+  std::vector<int> step_segs_;  // plan segment -> cache segment
+  std::vector<int> compact_;    // cache segment -> plan segment, or -1
+  Plan plan_;
+  bool in_step_ = false;
+};
+
+class UnifiedCache final : public KvCache {
+ public:
+  // Moves every token of `tree` that sequence s (s < seq_leaf.size()) sees on seq_leaf[s]'s path into one
+  // buffer per layer, each segment once. The tree is consumed.
+  UnifiedCache(TreeCache&& tree, const std::vector<int>& seq_leaf);
+
+  int n_sequences() const { return n_seq_; }
+  // Entries name sequences; each one's first row sits at pos.
+  void begin_step(const std::vector<Entry>& entries) override;
+  void store(int il, const float* k, const float* v) override;
+  void attend(int il, const float* q, float* o) override;
+  int64_t stored_tokens() const override { return buf_.empty() ? 0 : buf_[0].n; }
+
+ private:
   int n_seq_ = 0;
   int64_t n_words_ = 1;
-  std::vector<Buf> ubuf_;            // (n_layer)
-  std::vector<uint64_t> key_seqs_;   // (keys, n_words)
-  std::vector<int32_t> key_pos_;     // (keys)
-
-  // current step
-  std::vector<Entry> entries_;
-  int64_t step_rows_ = 0;
-  std::vector<std::vector<int>> step_paths_;  // tree: per entry, its path in compact segment ids
-  std::vector<int> step_segs_;                // tree: compact id -> segment
-  bool step_independent_ = false;             // every path is one segment (split)
-  std::vector<int32_t> row_seq_, row_pos_;    // unified
+  std::vector<KvBuffer> buf_;       // (n_layer)
+  std::vector<uint64_t> key_seqs_;  // (keys, n_words)
+  std::vector<int32_t> key_pos_;    // (keys)
+  std::vector<int32_t> row_seq_, row_pos_;  // the current step's rows
+  cpu::UnifiedPlan plan_;
 };
+
+// --- what each --attn method means (the one place) ---
+
+// The K/V tokens a run holds at its largest: prompts of prompt_tokens tokens in all, stored as a tree of
+// tree_tokens tokens, n_parallel sequences per prompt generating gen_tokens tokens in all (every sequence's
+// own tokens summed).
+double peak_kv_tokens(AttnMethod m, int64_t tree_tokens, int64_t prompt_tokens, int n_parallel, double gen_tokens);
+
+// A cache to prefill the prompts into: every method prefills the same tree.
+std::unique_ptr<TreeCache> make_prefill_cache(AttnMethod m, int n_layer, const HeadShape& shape, DType dtype);
+
+// The sequences' start: sequence s continues the prompt ending at segment seq_leaf[s] of the prefilled
+// tree, laid out as the method says. Returns the cache the decode steps use (the tree itself, or a unified
+// buffer made from it) and, in seq_id, each sequence's id in it (a segment, or s).
+std::unique_ptr<KvCache> start_sequences(AttnMethod m, std::unique_ptr<TreeCache> prefilled,
+                                         const std::vector<int>& seq_leaf, std::vector<int>& seq_id);
 
 }  // namespace cascade

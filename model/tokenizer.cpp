@@ -8,6 +8,7 @@
 
 #include "cascade/error.hpp"
 #include "model/gguf.hpp"
+#include "model/utf8.hpp"
 
 namespace cascade {
 
@@ -21,34 +22,9 @@ constexpr uint32_t kReplacement = 0xFFFD;
 // test vectors come from: overlong forms and surrogates decode as their value; a byte that cannot start a
 // sequence, a truncated sequence or a value above U+10FFFF becomes U+FFFD and consumes exactly one byte.
 uint32_t next_codepoint(std::string_view s, size_t& pos) {
-  const size_t n = s.size();
-  const auto b = [&](size_t k) { return static_cast<uint8_t>(s[pos + k]); };
-  const auto cont = [&](size_t k) { return pos + k < n && (b(k) & 0xC0) == 0x80; };
-  const uint8_t c = b(0);
-  if (c < 0x80) {
-    pos += 1;
-    return c;
-  }
-  if ((c & 0xE0) == 0xC0 && cont(1)) {
-    const uint32_t cp = (uint32_t(c & 0x1F) << 6) | (b(1) & 0x3F);
-    pos += 2;
-    return cp;
-  }
-  if ((c & 0xF0) == 0xE0 && cont(1) && cont(2)) {
-    const uint32_t cp = (uint32_t(c & 0x0F) << 12) | (uint32_t(b(1) & 0x3F) << 6) | (b(2) & 0x3F);
-    pos += 3;
-    return cp;
-  }
-  if ((c & 0xF8) == 0xF0 && cont(1) && cont(2) && cont(3)) {
-    const uint32_t cp = (uint32_t(c & 0x07) << 18) | (uint32_t(b(1) & 0x3F) << 12) |
-                        (uint32_t(b(2) & 0x3F) << 6) | (b(3) & 0x3F);
-    if (cp <= 0x10FFFF) {
-      pos += 4;
-      return cp;
-    }
-  }
-  pos += 1;
-  return kReplacement;
+  const utf8::Decoded d = utf8::decode(s, pos, /*strict=*/false);
+  pos += d.len ? d.len : 1;
+  return d.len ? d.cp : kReplacement;
 }
 
 void append_utf8(std::string& out, uint32_t cp) {

@@ -13,22 +13,14 @@ using test::Rng;
 
 namespace {
 
-// Tolerances. The reference reads the very same stored K/V values (f16 and bf16 converted exactly to
-// double), so the storage type's rounding is not part of the error: what remains is the kernels' f32
-// arithmetic (scores, exp, and sums over up to ~7000 keys), a few 1e-6 relative. The same bounds hold for
-// every dtype; they sit ~20x above the largest error seen over many seeds and far below any real bug
-// (a wrong mask or a dropped tile moves outputs by 1e-2 or more).
-struct Tol {
-  double atol, rtol;
-};
-Tol tolerance(DType dt) {
-  switch (dt) {
-    case DType::f32: return {5e-6, 5e-5};
-    case DType::f16: return {5e-6, 5e-5};  // see above: stored values are exact in the reference too
-    case DType::bf16: return {5e-6, 5e-5};
-  }
-  return {0, 0};
-}
+// Tolerance, one for every K/V type. The reference reads the very same stored K/V values (f16 and bf16
+// converted exactly to double) and the kernels convert them to f32 exactly too, so the storage type's
+// rounding is not part of the error: what remains is the kernels' f32 arithmetic (scores, exp, and sums over
+// up to ~7000 keys), a few 1e-6 relative, whatever the type. The bound sits ~20x above the largest error
+// seen over many seeds and far below any real bug (a wrong mask or a dropped tile moves outputs by 1e-2 or
+// more). A kernel that rounds q or the probabilities to the K/V type (as the CUDA path does) needs a bound
+// per type derived from that rounding: see test_cuda_attention.cu.
+constexpr double kAtol = 5e-6, kRtol = 5e-5;
 
 struct Config {
   HeadShape shape;
@@ -62,35 +54,37 @@ void check(Rng& rng, const Config& cfg) {
                                        cfg.amp));
     views.push_back(store.back()->view);
   }
-  const Plan plan = Plan::build(cfg.shape, views, cfg.tree.paths, cfg.n_query);
-  const int64_t n_out = plan.n_rows() * cfg.shape.n_q_heads * cfg.shape.head_dim;
-  const int64_t n_lse = plan.n_rows() * cfg.shape.n_q_heads;
+  const Tree tree = Tree::build(cfg.shape, cfg.seg_len, cfg.tree.paths, cfg.n_query);
+  const int64_t n_out = tree.n_rows() * cfg.shape.n_q_heads * cfg.shape.head_dim;
+  const int64_t n_lse = tree.n_rows() * cfg.shape.n_q_heads;
   std::vector<float> q(static_cast<size_t>(n_out));
   for (float& x : q) x = rng.uniform(-cfg.amp, cfg.amp);
 
   std::vector<double> ref_o(static_cast<size_t>(n_out)), ref_lse(static_cast<size_t>(n_lse));
-  reference_attention(plan, q.data(), ref_o.data(), ref_lse.data());
-  const Tol tol = tolerance(cfg.dtype);
+  reference_attention(tree, views, q.data(), ref_o.data(), ref_lse.data());
   const cpu::Options opt{cfg.n_threads};
 
+  // The plan runs twice, as it would in two layers: it keeps nothing of a run.
+  const Plan plan = cpu::plan(tree, opt);
+  for (int layer = 0; layer < 2; ++layer) {
+    std::vector<float> o(static_cast<size_t>(n_out), 123.0f), lse(static_cast<size_t>(n_lse), 123.0f);
+    cpu::run(plan, views, q.data(), o.data(), lse.data());
+    test::expect_close(o, ref_o, kAtol, kRtol, "cascade o");
+    test::expect_close(lse, ref_lse, kAtol, kRtol, "cascade lse");
+  }
   std::vector<float> o(static_cast<size_t>(n_out), 123.0f), lse(static_cast<size_t>(n_lse), 123.0f);
-  cpu::attend(plan, q.data(), o.data(), lse.data(), opt);
-  test::expect_close(o, ref_o, tol.atol, tol.rtol, "cascade o");
-  test::expect_close(lse, ref_lse, tol.atol, tol.rtol, "cascade lse");
 
-  const SplitLayout split = make_split(plan);
+  const SplitLayout split = make_split(tree, views);
+  cpu::run(cpu::plan(split.tree, opt), split.views, q.data(), o.data(), lse.data());
+  test::expect_close(o, ref_o, kAtol, kRtol, "split o");
+  test::expect_close(lse, ref_lse, kAtol, kRtol, "split lse");
+
+  const UnifiedLayout uni = make_unified(tree, views);
   std::fill(o.begin(), o.end(), 123.0f);
   std::fill(lse.begin(), lse.end(), 123.0f);
-  cpu::attend(split.plan, q.data(), o.data(), lse.data(), opt);
-  test::expect_close(o, ref_o, tol.atol, tol.rtol, "split o");
-  test::expect_close(lse, ref_lse, tol.atol, tol.rtol, "split lse");
-
-  const UnifiedLayout uni = make_unified(plan);
-  std::fill(o.begin(), o.end(), 123.0f);
-  std::fill(lse.begin(), lse.end(), 123.0f);
-  cpu::attend_unified(cfg.shape, uni.batch, q.data(), o.data(), lse.data(), opt, plan.scale());
-  test::expect_close(o, ref_o, tol.atol, tol.rtol, "unified o");
-  test::expect_close(lse, ref_lse, tol.atol, tol.rtol, "unified lse");
+  cpu::attend_unified(cfg.shape, uni.batch, q.data(), o.data(), lse.data(), opt, tree.scale());
+  test::expect_close(o, ref_o, kAtol, kRtol, "unified o");
+  test::expect_close(lse, ref_lse, kAtol, kRtol, "unified lse");
 }
 
 HeadShape random_shape(Rng& rng) {
@@ -244,14 +238,15 @@ TEST_CASE("chains of segments with the same rows run as one pass, items straddli
       store.push_back(test::make_segment(rng, c.dtype, len, 2, 64, c.paged, 1.0f));
       views.push_back(store.back()->view);
     }
-    const Plan plan = Plan::build(c.shape, views, c.tree.paths, c.n_query);
-    const cpu::detail::Passes pp = cpu::detail::make_passes(plan);
-    REQUIRE(pp.pass.size() == 3);
-    CHECK(pp.pass[pp.head_pass[0]].segs == std::vector<int>{0, 1, 2});
-    CHECK(pp.pass[pp.head_pass[3]].segs == std::vector<int>{3, 5});
-    CHECK(pp.pass[pp.head_pass[4]].segs == std::vector<int>{4});
-    CHECK(pp.head_pass[1] == -1);
-    CHECK(pp.head_pass[5] == -1);
+    const Plan plan = cpu::plan(Tree::build(c.shape, c.seg_len, c.tree.paths, c.n_query), {c.n_threads});
+    const Schedule& sc = plan.schedule();
+    REQUIRE(sc.passes.size() == 3);
+    std::vector<std::vector<int>> segs;
+    for (const Schedule::Pass& ps : sc.passes) {
+      segs.emplace_back();
+      for (int64_t k = ps.seg_begin; k < ps.seg_end; ++k) segs.back().push_back(sc.segs[size_t(k)].seg);
+    }
+    CHECK(segs == std::vector<std::vector<int>>{{0, 1, 2}, {3, 5}, {4}});
   }
   check(rng, c);
   // Several queries at the end of a one-sequence chain: the causal limit applies in the last segment only.
@@ -269,23 +264,23 @@ TEST_CASE("attend called concurrently from parallel tasks: each call keeps its o
   const HeadShape shape{4, 2, 64};
   struct Job {
     std::vector<std::unique_ptr<test::Segment>> store;
-    Plan plan;
+    std::vector<KvView> views;
+    Tree tree;
     std::vector<float> q, o;
   };
   std::vector<Job> jobs(48);
   for (Job& j : jobs) {
-    std::vector<KvView> views;
     const int n_seq = int(rng.uniform_int(1, 6));
     std::vector<int64_t> len = {rng.uniform_int(1, 1500)};
     for (int s = 0; s < n_seq; ++s) len.push_back(rng.uniform_int(0, 300));
     for (int64_t n : len) {
       j.store.push_back(test::make_segment(rng, DType::f16, n, shape.n_kv_heads, shape.head_dim, false, 1.0f));
-      views.push_back(j.store.back()->view);
+      j.views.push_back(j.store.back()->view);
     }
     std::vector<std::vector<int>> paths;
     for (int s = 0; s < n_seq; ++s) paths.push_back({0, s + 1});
-    j.plan = Plan::build(shape, views, paths, std::vector<int64_t>(size_t(n_seq), 1));
-    j.q.resize(size_t(j.plan.n_rows() * shape.n_q_heads * shape.head_dim));
+    j.tree = Tree::build(shape, len, paths, std::vector<int64_t>(size_t(n_seq), 1));
+    j.q.resize(size_t(j.tree.n_rows() * shape.n_q_heads * shape.head_dim));
     for (float& x : j.q) x = rng.uniform(-1.0f, 1.0f);
     j.o.assign(j.q.size(), 123.0f);
   }
@@ -293,12 +288,12 @@ TEST_CASE("attend called concurrently from parallel tasks: each call keeps its o
   tbb::task_arena arena(8);
   arena.execute([&] {
     tbb::parallel_for(size_t(0), jobs.size(), [&](size_t i) {
-      cpu::attend(jobs[i].plan, jobs[i].q.data(), jobs[i].o.data());
+      cpu::run(cpu::plan(jobs[i].tree), jobs[i].views, jobs[i].q.data(), jobs[i].o.data());
     });
   });
   for (Job& j : jobs) {
-    std::vector<double> ref(j.o.size()), ref_lse(size_t(j.plan.n_rows() * shape.n_q_heads));
-    reference_attention(j.plan, j.q.data(), ref.data(), ref_lse.data());
+    std::vector<double> ref(j.o.size()), ref_lse(size_t(j.tree.n_rows() * shape.n_q_heads));
+    reference_attention(j.tree, j.views, j.q.data(), ref.data(), ref_lse.data());
     test::expect_close(j.o, ref, 5e-6, 5e-5, "nested attend o");
   }
 }
@@ -306,22 +301,22 @@ TEST_CASE("attend called concurrently from parallel tasks: each call keeps its o
 TEST_CASE("workspace: a thread's kept buffer is reused, a call made while it is in use gets its own") {
   const float* kept = nullptr;
   {
-    cpu::detail::Workspace a(1000);
+    cpu::Workspace a(1000);
     kept = a.data();
-    cpu::detail::Workspace b(10);  // as an attend started while `a`'s call is still running would
+    cpu::Workspace b(10);  // as an attend started while `a`'s call is still running would
     CHECK(b.data() != a.data());
   }
   {
-    cpu::detail::Workspace c(500);  // no larger than before: the same buffer again
+    cpu::Workspace c(500);  // no larger than before: the same buffer again
     CHECK(c.data() == kept);
   }
   {
-    cpu::detail::Workspace big(size_t(32) << 20);  // 128 MiB of floats, then a small call gives it back
+    cpu::Workspace big(size_t(32) << 20);  // 128 MiB of floats, then a small call gives it back
     big.data()[0] = 1.0f;
   }
-  cpu::detail::Workspace small(1000);
+  cpu::Workspace small(1000);
   CHECK(small.data() != nullptr);
-  CHECK(cpu::detail::Workspace::kept_floats() < (size_t(1) << 20));
+  CHECK(cpu::Workspace::kept_floats() < (size_t(1) << 20));
 }
 
 TEST_CASE("extreme scores: |s| up to 1e4 stay finite and exact") {
@@ -347,16 +342,16 @@ TEST_CASE("extreme scores: |s| up to 1e4 stay finite and exact") {
       store.push_back(test::make_segment(rng, dt, len, 2, 64, false, c.amp));
       views.push_back(store.back()->view);
     }
-    const Plan plan = Plan::build(c.shape, views, c.tree.paths, c.n_query);
-    std::vector<float> q(static_cast<size_t>(plan.n_rows() * 4 * 64));
+    const Tree tree = Tree::build(c.shape, c.seg_len, c.tree.paths, c.n_query);
+    std::vector<float> q(static_cast<size_t>(tree.n_rows() * 4 * 64));
     for (float& x : q) x = rng.uniform(-c.amp, c.amp);
-    std::vector<double> ref_o(q.size()), ref_lse(static_cast<size_t>(plan.n_rows() * 4));
-    reference_attention(plan, q.data(), ref_o.data(), ref_lse.data());
+    std::vector<double> ref_o(q.size()), ref_lse(static_cast<size_t>(tree.n_rows() * 4));
+    reference_attention(tree, views, q.data(), ref_o.data(), ref_lse.data());
     std::vector<float> o(q.size()), lse(ref_lse.size());
-    cpu::attend(plan, q.data(), o.data(), lse.data());
+    cpu::run(cpu::plan(tree), views, q.data(), o.data(), lse.data());
     test::expect_close(o, ref_o, 2e-2, 0, "cascade o, extreme");
     test::expect_close(lse, ref_lse, 0, 1e-5, "cascade lse, extreme");
-    const UnifiedLayout uni = make_unified(plan);
+    const UnifiedLayout uni = make_unified(tree, views);
     cpu::attend_unified(c.shape, uni.batch, q.data(), o.data(), lse.data());
     test::expect_close(o, ref_o, 2e-2, 0, "unified o, extreme");
   }
@@ -441,25 +436,37 @@ TEST_CASE("bad API input throws an Error naming the problem") {
     }
     FAIL("no error thrown; expected one mentioning '" << needle << "'");
   };
-  throws_with([&] { Plan::two_level({3, 2, 64}, ok, {ok}); }, "not a multiple");
-  throws_with([&] { Plan::two_level({2, 2, 64}, ok, {ok}); }, "KV heads");
-  throws_with([&] { Plan::two_level({1, 1, 32}, ok, {ok}); }, "head_dim");
-  throws_with([&] { Plan::build({1, 1, 64}, {ok, ok}, {{0, 2}}, {1}); }, "out of range");
-  throws_with([&] { Plan::build({1, 1, 64}, {ok, ok}, {{0, 1}, {1}}, {1, 1}); }, "two parents");
-  throws_with([&] { Plan::build({1, 1, 64}, {ok, ok}, {{0, 1}}, {1, 1}); }, "query counts");
-  throws_with([&] { Plan::build({1, 1, 64}, {ok}, {{0, 0}}, {1}); }, "twice");
-  throws_with([&] { Plan::build({1, 1, 64}, {ok}, {{0}}, {-1}); }, "negative");
+  // The tree: shapes, lengths, paths, query counts.
+  throws_with([&] { Tree::two_level({3, 2, 64}, 10, {10}); }, "not a multiple");
+  throws_with([&] { Tree::build({1, 1, 64}, {10, 10}, {{0, 2}}, {1}); }, "out of range");
+  throws_with([&] { Tree::build({1, 1, 64}, {10, 10}, {{0, 1}, {1}}, {1, 1}); }, "two parents");
+  throws_with([&] { Tree::build({1, 1, 64}, {10, 10}, {{0, 1}}, {1, 1}); }, "query counts");
+  throws_with([&] { Tree::build({1, 1, 64}, {10}, {{0, 0}}, {1}); }, "twice");
+  throws_with([&] { Tree::build({1, 1, 64}, {10}, {{0}}, {-1}); }, "negative");
+  throws_with([&] { Tree::build({1, 1, 64}, {-3}, {{0}}, {1}); }, "negative length");
+  throws_with([&] { cpu::plan(Tree::two_level({1, 1, 64}, 10, {10}), cpu::Options{-1}); }, "n_threads");
+  // The views a run gets: each must match its segment in the plan.
+  const Plan plan = cpu::plan(Tree::two_level({1, 1, 64}, 10, {10}));
+  const auto run_with = [&](const KvView& prefix) {
+    const std::vector<KvView> views = {prefix, ok};
+    cpu::run(plan, views, k.data(), v.data());
+  };
+  throws_with([&] { cpu::run(cpu::plan(Tree::two_level({2, 2, 64}, 10, {10})), std::vector<KvView>{ok, ok},
+                             k.data(), v.data()); }, "KV heads");
+  throws_with([&] { cpu::run(cpu::plan(Tree::two_level({1, 1, 32}, 10, {10})), std::vector<KvView>{ok, ok},
+                             k.data(), v.data()); }, "dim 32");
+  throws_with([&] { cpu::run(cpu::plan(Tree::two_level({1, 1, 64}, 12, {10})), std::vector<KvView>{ok, ok},
+                             k.data(), v.data()); }, "segment 0 has 10 tokens but the plan 12");
+  throws_with([&] { cpu::run(plan, std::vector<KvView>{ok}, k.data(), v.data()); }, "K/V views");
   KvView null_data = ok;
   null_data.k = nullptr;
-  throws_with([&] { Plan::two_level({1, 1, 64}, null_data, {ok}); }, "null");
+  throws_with([&] { run_with(null_data); }, "null");
   KvView bad_page = ok;
   const int32_t table[1] = {0};
   bad_page.block_table = table;
   bad_page.page_size = 0;
-  throws_with([&] { Plan::two_level({1, 1, 64}, bad_page, {ok}); }, "page_size");
-  const Plan plan = Plan::two_level({1, 1, 64}, ok, {ok});
-  throws_with([&] { cpu::attend(plan, nullptr, nullptr); }, "null");
-  throws_with([&] { cpu::attend(plan, k.data(), v.data(), nullptr, cpu::Options{-1}); }, "n_threads");
+  throws_with([&] { run_with(bad_page); }, "page_size");
+  throws_with([&] { cpu::run(plan, std::vector<KvView>{ok, ok}, nullptr, nullptr); }, "null");
   cpu::UnifiedBatch ub;
   ub.kv = ok;
   throws_with([&] { cpu::attend_unified({1, 1, 64}, ub, k.data(), v.data()); }, "key masks");

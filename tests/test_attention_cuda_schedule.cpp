@@ -1,5 +1,6 @@
-// The CUDA path's plan-to-launch translation (cascade/cuda/schedule.hpp), checked on the CPU: every work
-// item is executed here in double precision exactly as the kernel reads it (rows through RowDesc, stacked
+// The CUDA path's side of the one schedule (cascade/cuda/schedule.hpp): its target and the plan-to-launch
+// translation, checked on the CPU: every work item is executed here in double precision exactly as the
+// kernel reads it (rows through RowDesc, stacked
 // row e = token row * group + head, tokens [t0, t1), limits or the unified mask), its partial states land in
 // its slots, every output merges the slots its list names, and the result must equal the reference. A
 // schedule that drops, repeats or misplaces any block of work fails here without a GPU.
@@ -31,7 +32,7 @@ struct UnifiedKeys {
   const int32_t* key_pos = nullptr;
 };
 
-Partials run_items(const cuda::Schedule& sc, const HeadShape& shape, double scale, const std::vector<KvView>& passes,
+Partials run_items(const cuda::DeviceSchedule& sc, const HeadShape& shape, double scale, const std::vector<KvView>& passes,
                    const float* q, const UnifiedKeys* uni) {
   const int64_t d = shape.head_dim;
   const int group = shape.group();
@@ -63,7 +64,7 @@ Partials run_items(const cuda::Schedule& sc, const HeadShape& shape, double scal
           }
           if (!vis) continue;
           double dot = 0;
-          for (int64_t c = 0; c < d; ++c) dot += double(qr[c]) * ref_detail::load(kv, kv.k, t, it.kvh, c);
+          for (int64_t c = 0; c < d; ++c) dot += double(qr[c]) * kv_element(kv, kv.k, t, it.kvh, c);
           s[size_t(t - it.t0)] = dot * scale;
           mx = std::max(mx, s[size_t(t - it.t0)]);
         }
@@ -78,7 +79,7 @@ Partials run_items(const cuda::Schedule& sc, const HeadShape& shape, double scal
           const double w = std::exp(s[size_t(t - it.t0)] - mx);
           sum += w;
           if (w == 0) continue;
-          for (int64_t c = 0; c < d; ++c) o[c] += w * ref_detail::load(kv, kv.v, t, it.kvh, c);
+          for (int64_t c = 0; c < d; ++c) o[c] += w * kv_element(kv, kv.v, t, it.kvh, c);
         }
         for (int64_t c = 0; c < d; ++c) o[c] /= sum;
         p.lse[size_t(it.slot + r)] = mx + std::log(sum);
@@ -89,7 +90,7 @@ Partials run_items(const cuda::Schedule& sc, const HeadShape& shape, double scal
 }
 
 // Merges each output's slots (the merge kernel's work) with the host's n-ary merge.
-void merge(const cuda::Schedule& sc, const Partials& p, int64_t n_out, int64_t d, std::vector<float>& o,
+void merge(const cuda::DeviceSchedule& sc, const Partials& p, int64_t n_out, int64_t d, std::vector<float>& o,
            std::vector<float>& lse) {
   REQUIRE(int64_t(sc.out_begin.size()) == n_out + 1);
   o.assign(size_t(n_out * d), 0.0f);
@@ -114,7 +115,7 @@ void merge(const cuda::Schedule& sc, const Partials& p, int64_t n_out, int64_t d
 }
 
 // Structural invariants: slots are disjoint and all used, chunks respect the minimum length.
-void check_structure(const cuda::Schedule& sc) {
+void check_structure(const cuda::DeviceSchedule& sc) {
   std::vector<int> used(size_t(sc.n_slots), 0);
   for (const auto& list : sc.items)
     for (const cuda::WorkItem& it : list)
@@ -137,27 +138,30 @@ void check_plan(Rng& rng, const HeadShape& shape, DType dt, bool paged, const te
     store.push_back(test::make_segment(rng, dt, len, shape.n_kv_heads, shape.head_dim, paged));
     views.push_back(store.back()->view);
   }
-  const Plan plan = Plan::build(shape, views, tree.paths, n_query);
-  const int64_t n_out = plan.n_rows() * shape.n_q_heads;
+  const Tree structure = Tree::build(shape, seg_len, tree.paths, n_query);
+  const int64_t n_out = structure.n_rows() * shape.n_q_heads;
   std::vector<float> q(size_t(n_out * shape.head_dim));
   for (float& x : q) x = rng.uniform(-1, 1);
   std::vector<double> ref_o(q.size()), ref_lse(static_cast<size_t>(n_out));
-  reference_attention(plan, q.data(), ref_o.data(), ref_lse.data());
+  reference_attention(structure, views, q.data(), ref_o.data(), ref_lse.data());
 
   cuda::ScheduleOptions opt;
   opt.n_sm = n_sm;
-  const cuda::Schedule sc = cuda::make_schedule(plan, opt);
+  const Plan plan = cuda::plan(structure, opt);
+  const cuda::DeviceSchedule sc = cuda::lower(plan);
   check_structure(sc);
-  const Partials p = run_items(sc, shape, plan.scale(), views, q.data(), nullptr);
+  std::vector<KvView> pass_views;  // device pass k reads the given segment source(k)
+  for (int k = 0; k < plan.attended().n_segments(); ++k) pass_views.push_back(views[size_t(plan.source(k))]);
+  const Partials p = run_items(sc, shape, plan.scale(), pass_views, q.data(), nullptr);
   std::vector<float> o, lse;
   merge(sc, p, n_out, shape.head_dim, o, lse);
   test::expect_close(o, ref_o, kAtol, kRtol, "scheduled cascade o");
   test::expect_close(lse, ref_lse, kAtol, kRtol, "scheduled cascade lse");
 
   // The unified baseline's schedule over the same problem.
-  const UnifiedLayout uni = make_unified(plan);
-  const cuda::Schedule su = cuda::make_unified_schedule(shape, uni.batch.kv.n_tokens, uni.batch.n_rows,
-                                                        uni.batch.row_seq, uni.batch.row_pos, opt);
+  const UnifiedLayout uni = make_unified(structure, views);
+  const cuda::DeviceSchedule su = cuda::lower_unified(shape, uni.batch.kv.n_tokens, uni.batch.n_rows,
+                                                      uni.batch.row_seq, uni.batch.row_pos, opt);
   check_structure(su);
   const UnifiedKeys keys{uni.batch.key_seqs, uni.batch.n_words, uni.batch.key_pos};
   const Partials pu = run_items(su, shape, plan.scale(), {uni.batch.kv}, q.data(), &keys);
@@ -233,21 +237,14 @@ TEST_CASE("cuda schedule: edges (empty segments, rows that see nothing, one key,
 }
 
 // The launch the issue's headline point makes (llama3-8b heads, batch 128, prefix 32768, suffix 256),
-// planned without any K/V: the prefix goes to wide blocks, split into chunks; suffixes to narrow blocks.
+// planned from lengths alone: the prefix goes to wide blocks, split into chunks; suffixes to narrow blocks.
 TEST_CASE("cuda schedule: the headline decode step maps to wide prefix blocks and narrow suffix blocks") {
   const HeadShape shape{32, 8, 128};
   const int64_t batch = 128, prefix = 32768, suffix = 256;
-  static const uint16_t dummy[8] = {};  // never read: the schedule looks at lengths only
-  const auto view = [&](int64_t n) {
-    KvView kv = KvView::contiguous(reinterpret_cast<const f16*>(dummy), reinterpret_cast<const f16*>(dummy), n,
-                                   shape.n_kv_heads, shape.head_dim);
-    return kv;
-  };
-  std::vector<KvView> suffixes(size_t(batch), view(suffix));
-  const Plan plan = Plan::two_level(shape, view(prefix), suffixes);
   cuda::ScheduleOptions opt;
   opt.n_sm = 132;
-  const cuda::Schedule sc = cuda::make_schedule(plan, opt);
+  const Plan plan = cuda::plan(Tree::two_level(shape, prefix, std::vector<int64_t>(size_t(batch), suffix)), opt);
+  const cuda::DeviceSchedule sc = cuda::lower(plan);
   check_structure(sc);
   // Prefix: 128 sequences x 4 heads = 512 stacked rows per KV head = 8 wide tiles, each split in chunks.
   int64_t wide_tokens = 0;

@@ -11,6 +11,7 @@
 
 #include "attention_problem.hpp"
 #include "cascade/auto.hpp"
+#include "cascade/cpu/calibrate.hpp"
 #include "model/kv_cache.hpp"
 
 using namespace cascade;
@@ -49,33 +50,47 @@ CostModel random_model(Rng& rng) {
 
 struct Problem {
   std::vector<std::unique_ptr<test::Segment>> store;
-  Plan plan;
+  std::vector<KvView> views;
+  Tree tree;
+  DType dtype = DType::f16;
 };
 
 Problem make(Rng& rng, const HeadShape& shape, DType dt, bool paged, const test::Tree& tree,
              const std::vector<int64_t>& seg_len, const std::vector<int64_t>& n_query) {
   Problem p;
-  std::vector<KvView> views;
+  p.dtype = dt;
   for (int64_t len : seg_len) {
     p.store.push_back(test::make_segment(rng, dt, len, shape.n_kv_heads, shape.head_dim, paged));
-    views.push_back(p.store.back()->view);
+    p.views.push_back(p.store.back()->view);
   }
-  p.plan = Plan::build(shape, views, tree.paths, n_query);
+  p.tree = Tree::build(shape, seg_len, tree.paths, n_query);
   return p;
 }
 
-// Runs `chosen` and compares o and lse with the reference of `tree`.
-void expect_same_function(Rng& rng, const Plan& tree, const Plan& chosen, int n_threads) {
-  REQUIRE(chosen.n_rows() == tree.n_rows());
-  REQUIRE(chosen.n_sequences() == tree.n_sequences());
+// The plan auto makes for p on n_threads threads under model m; why: its recorded choice.
+Plan choose_plan(const Problem& p, const CostModel& m, AutoChoice* why, int n_threads = 0) {
+  cpu::Options opt{n_threads};
+  opt.cost_model = &m;
+  opt.kv_dtype = p.dtype;
+  Plan plan = cpu::plan(p.tree, opt);
+  REQUIRE(plan.choice().has_value());
+  if (why) *why = *plan.choice();
+  return plan;
+}
+
+// Runs `chosen` and compares o and lse with the reference of p's tree.
+void expect_same_function(Rng& rng, const Problem& p, const Plan& chosen) {
+  const Tree& tree = p.tree;
+  REQUIRE(chosen.attended().n_rows() == tree.n_rows());
+  REQUIRE(chosen.attended().n_sequences() == tree.n_sequences());
   const HeadShape& sh = tree.shape();
   const size_t n_out = size_t(tree.n_rows() * sh.n_q_heads * sh.head_dim), n_lse = size_t(tree.n_rows() * sh.n_q_heads);
   std::vector<float> q(n_out);
   for (float& x : q) x = rng.uniform(-1, 1);
   std::vector<double> ref_o(n_out), ref_lse(n_lse);
-  reference_attention(tree, q.data(), ref_o.data(), ref_lse.data());
+  reference_attention(tree, p.views, q.data(), ref_o.data(), ref_lse.data());
   std::vector<float> o(n_out, 123.0f), lse(n_lse, 123.0f);
-  cpu::attend(chosen, q.data(), o.data(), lse.data(), cpu::Options{n_threads});
+  cpu::run(chosen, p.views, q.data(), o.data(), lse.data());
   test::expect_close(o, ref_o, kAtol, kRtol, "auto o");
   test::expect_close(lse, ref_lse, kAtol, kRtol, "auto lse");
 }
@@ -112,14 +127,16 @@ TEST_CASE("auto: the chosen plan equals the reference on random trees and random
     Problem p = make(rng, shape, dt, paged, tree, seg_len, n_query);
     const CostModel model = rng.coin(0.2) ? synthetic_model() : random_model(rng);
     AutoChoice why;
-    const Plan chosen = choose_plan(p.plan, model, &why);
+    const Plan chosen = choose_plan(p, model, &why, int(rng.uniform_int(0, 3)));
     INFO("iter " << iter << ": " << tree.paths.size() << " sequences, " << seg_len.size() << " segments, changed "
                  << why.changed);
     CHECK(why.chosen_s <= why.tree_s * (1 + 1e-9));
-    CHECK(model.plan_seconds(chosen) == doctest::Approx(why.chosen_s).epsilon(1e-6));
+    // The choice prices the very schedule the plan runs.
+    CHECK(model.plan_seconds(chosen.attended(), chosen.target(), dt) == doctest::Approx(why.chosen_s).epsilon(1e-6));
+    CHECK_NOTHROW(verify_schedule(chosen.attended(), chosen.schedule()));
     n_changed += why.changed;
     ++n_cases;
-    expect_same_function(rng, p.plan, chosen, int(rng.uniform_int(0, 3)));
+    expect_same_function(rng, p, chosen);
   }
   MESSAGE(n_changed << " of " << n_cases << " trees were regrouped");
   CHECK(n_changed > 0);
@@ -139,10 +156,11 @@ TEST_CASE("auto: folding everything gives per-sequence attention with the same r
   std::vector<int64_t> seg_len(tree.parent.size(), 40), n_query(tree.paths.size(), 1);
   Problem p = make(rng, shape, DType::f16, false, tree, seg_len, n_query);
   AutoChoice why;
-  const Plan chosen = choose_plan(p.plan, m, &why);
-  for (int s = 0; s < chosen.n_sequences(); ++s)
-    for (int g : chosen.sequence(s).path) CHECK(chosen.segment_rows(g).size() == size_t(n_query[size_t(s)]));
-  expect_same_function(rng, p.plan, chosen, 2);
+  const Plan chosen = choose_plan(p, m, &why, 2);
+  const Tree& at = chosen.attended();
+  for (int s = 0; s < at.n_sequences(); ++s)
+    for (int g : at.sequence(s).path) CHECK(at.segment_rows(g).size() == size_t(n_query[size_t(s)]));
+  expect_same_function(rng, p, chosen);
 }
 
 TEST_CASE("auto: clear-cut decisions under a fixed synthetic model") {
@@ -154,12 +172,12 @@ TEST_CASE("auto: clear-cut decisions under a fixed synthetic model") {
     const HeadShape shape{28, 4, 128};
     Problem p = make(rng, shape, DType::f16, false, two_level_tree(2), {2, 30, 30}, {1, 1});
     AutoChoice why;
-    const Plan chosen = choose_plan(p.plan, m, &why);
+    const Plan chosen = choose_plan(p, m, &why, 2);
     CHECK(why.changed);
     CHECK_FALSE(why.segments[0].shared);
     CHECK(why.segments[0].n_passes == 2);
     CHECK(why.segments[1].shared);
-    expect_same_function(rng, p.plan, chosen, 2);
+    expect_same_function(rng, p, chosen);
   }
   SUBCASE("a 2-token span shared by 2 sequences is folded at every depth") {
     // A 2-token root above a 2-token middle span, each shared by 2 sequences.
@@ -168,10 +186,10 @@ TEST_CASE("auto: clear-cut decisions under a fixed synthetic model") {
     t.paths = {{0, 1, 2}, {0, 1, 3}};
     Problem p = make(rng, HeadShape{28, 4, 128}, DType::f16, false, t, {2, 2, 10, 10}, {1, 1});
     AutoChoice why;
-    const Plan chosen = choose_plan(p.plan, m, &why);
+    const Plan chosen = choose_plan(p, m, &why, 1);
     CHECK_FALSE(why.segments[0].shared);
     CHECK_FALSE(why.segments[1].shared);
-    expect_same_function(rng, p.plan, chosen, 1);
+    expect_same_function(rng, p, chosen);
   }
   SUBCASE("a 4000-token prefix over 32 sequences stays shared") {
     for (const HeadShape& shape : {HeadShape{9, 3, 64}, HeadShape{32, 8, 128}, HeadShape{28, 4, 128}}) {
@@ -179,10 +197,10 @@ TEST_CASE("auto: clear-cut decisions under a fixed synthetic model") {
       len[0] = 4000;
       Problem p = make(rng, shape, DType::f16, false, two_level_tree(32), len, std::vector<int64_t>(32, 1));
       AutoChoice why;
-      const Plan chosen = choose_plan(p.plan, m, &why);
+      const Plan chosen = choose_plan(p, m, &why);
       CHECK_FALSE(why.changed);
       CHECK(why.segments[0].shared);
-      CHECK(chosen.n_segments() == 33);
+      CHECK(chosen.attended().n_segments() == 33);
     }
   }
   SUBCASE("nothing shared: the tree is returned as it is") {
@@ -191,27 +209,28 @@ TEST_CASE("auto: clear-cut decisions under a fixed synthetic model") {
     t.paths = {{0}, {1}, {2}};
     Problem p = make(rng, HeadShape{9, 3, 64}, DType::f32, false, t, {100, 5, 0}, {1, 2, 1});
     AutoChoice why;
-    const Plan chosen = choose_plan(p.plan, m, &why);
+    const Plan chosen = choose_plan(p, m, &why);
     CHECK_FALSE(why.changed);
-    CHECK(chosen.n_segments() == 3);
+    CHECK(chosen.attended().n_segments() == 3);
   }
 }
 
 TEST_CASE("auto: the cost model favours stacking as the prefix grows") {
   const CostModel m = synthetic_model();
   const HeadShape shape{9, 3, 64};
+  const Target t = cpu::target(2);
   // Shared pass over P tokens with 8 sequences, against 8 separate passes: the ratio grows with P.
   double prev = 0;
   for (int64_t P : {64, 256, 1024, 4096, 16384}) {
-    const double shared = m.pass_seconds(shape, DType::f16, P, 8);
-    const double folded = 8 * m.pass_seconds(shape, DType::f16, P, 1);
+    const double shared = m.pass_seconds(shape, t, DType::f16, P, 8);
+    const double folded = 8 * m.pass_seconds(shape, t, DType::f16, P, 1);
     const double gain = folded / shared;
     CHECK(gain >= prev * 0.999);
     prev = gain;
   }
   CHECK(prev > 2.0);
-  CHECK(m.pass_seconds(shape, DType::f16, 0, 8) == 0.0);
-  CHECK(m.pass_seconds(shape, DType::f16, 100, 0) == 0.0);
+  CHECK(m.pass_seconds(shape, t, DType::f16, 0, 8) == 0.0);
+  CHECK(m.pass_seconds(shape, t, DType::f16, 100, 0) == 0.0);
 }
 
 TEST_CASE("auto: calibration gives finite positive rates for several head shapes, profiles round-trip") {

@@ -1,8 +1,8 @@
 // The library and the runtime called from several plain threads at once, as a server's request threads would
-// call them: attend with each thread's own plans and thread counts, forward passes of one shared model into
-// each thread's own KV cache, one shared tokenizer encoding and decoding. Every thread's results are checked
-// in the main thread against work done alone (attend: the double reference; forward passes and the tokenizer:
-// the same calls made one thread at a time). scripts/tsan.sh runs these under ThreadSanitizer.
+// call them: cpu::plan and cpu::run with each thread's own trees and thread counts, forward passes of one shared
+// model into each thread's own KV cache, one shared tokenizer encoding and decoding. Every thread's results are
+// checked in the main thread against work done alone (attention: the double reference; forward passes and the
+// tokenizer: the same calls made one thread at a time). scripts/tsan.sh runs these under ThreadSanitizer.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -65,9 +65,9 @@ std::vector<uint8_t> random_model(uint64_t seed) {
 }
 
 // A prefill of the prompt, then n_decode greedy steps; every step's logits, concatenated.
-std::vector<float> decode(const llama::Model& m, const std::vector<int32_t>& prompt, int n_decode, AttnMethod method) {
+std::vector<float> decode(const llama::Model& m, const std::vector<int32_t>& prompt, int n_decode) {
   const llama::Hparams& hp = m.hparams();
-  KvCache cache(int(hp.n_layer), hp.head_shape(), DType::f32, method);
+  TreeCache cache(int(hp.n_layer), hp.head_shape(), DType::f32);
   const int seg = cache.add_segment(-1, 0);
   std::vector<float> all, logits;
   std::vector<int32_t> tokens = prompt, pos(prompt.size());
@@ -85,14 +85,15 @@ std::vector<float> decode(const llama::Model& m, const std::vector<int32_t>& pro
 
 }  // namespace
 
-TEST_CASE("concurrency: attend from several plain threads at once, each with its own plans and thread count") {
+TEST_CASE("concurrency: attention from several plain threads at once, each with its own plans and thread count") {
   const uint64_t seed = test::fresh_seed();
   INFO("CASCADE_TEST_SEED=" << seed);
   test::Rng rng(seed);
   const HeadShape shape{4, 2, 32};
   struct Job {
     std::vector<std::unique_ptr<test::Segment>> store;
-    Plan plan;
+    std::vector<KvView> views;
+    Tree tree;
     std::vector<float> q;
     std::vector<std::vector<float>> o;  // one per repetition
   };
@@ -104,11 +105,10 @@ TEST_CASE("concurrency: attend from several plain threads at once, each with its
       const int n_seq = int(rng.uniform_int(1, 5));
       std::vector<int64_t> len = {rng.uniform_int(1, 700)};
       for (int s = 0; s < n_seq; ++s) len.push_back(rng.uniform_int(0, 200));
-      std::vector<KvView> views;
       for (int64_t n : len) {
         j.store.push_back(test::make_segment(rng, rng.pick(std::vector<DType>{DType::f32, DType::f16, DType::bf16}), n,
                                              shape.n_kv_heads, shape.head_dim, rng.coin()));
-        views.push_back(j.store.back()->view);
+        j.views.push_back(j.store.back()->view);
       }
       std::vector<std::vector<int>> paths;
       std::vector<int64_t> n_query;
@@ -116,25 +116,30 @@ TEST_CASE("concurrency: attend from several plain threads at once, each with its
         paths.push_back({0, s + 1});
         n_query.push_back(std::min<int64_t>(len[size_t(s) + 1], rng.uniform_int(1, 3)));
       }
-      j.plan = Plan::build(shape, views, paths, n_query);
-      j.q.resize(size_t(j.plan.n_rows() * shape.n_q_heads * shape.head_dim));
+      j.tree = Tree::build(shape, len, paths, n_query);
+      j.q.resize(size_t(j.tree.n_rows() * shape.n_q_heads * shape.head_dim));
       for (float& x : j.q) x = rng.uniform(-1.0f, 1.0f);
     }
   }
-  // Thread t asks for t threads (0: the machine's, 1: alone, 2, 3: more than this machine may have).
+  // Thread t plans for t threads (0: the caller's arena, 1: alone, 2, 3: more than this machine may have) and
+  // runs each plan n_reps times.
   on_threads(n_threads, [&](int t) {
-    for (int rep = 0; rep < n_reps; ++rep)
-      for (Job& j : jobs[size_t(t)]) {
+    cpu::Options opt;
+    opt.n_threads = t;
+    for (Job& j : jobs[size_t(t)]) {
+      const Plan plan = cpu::plan(j.tree, opt);
+      for (int rep = 0; rep < n_reps; ++rep) {
         std::vector<float> o(j.q.size(), 123.0f);
-        cpu::attend(j.plan, j.q.data(), o.data(), nullptr, cpu::Options{t});
+        cpu::run(plan, j.views, j.q.data(), o.data());
         j.o.push_back(std::move(o));
       }
+    }
   });
   for (const auto& mine : jobs)
     for (const Job& j : mine) {
-      std::vector<double> ref(j.q.size()), ref_lse(size_t(j.plan.n_rows() * shape.n_q_heads));
-      reference_attention(j.plan, j.q.data(), ref.data(), ref_lse.data());
-      for (const std::vector<float>& o : j.o) test::expect_close(o, ref, 5e-6, 5e-5, "attend from a thread");
+      std::vector<double> ref(j.q.size()), ref_lse(size_t(j.tree.n_rows() * shape.n_q_heads));
+      reference_attention(j.tree, j.views, j.q.data(), ref.data(), ref_lse.data());
+      for (const std::vector<float>& o : j.o) test::expect_close(o, ref, 5e-6, 5e-5, "attention run from a thread");
     }
 }
 
@@ -144,7 +149,6 @@ TEST_CASE("concurrency: forward passes over one shared model from several plain 
   const gguf::File file = gguf::File::from_bytes(random_model(seed), "random.gguf");
   const llama::Model model = llama::Model::load(file);
   const int n_threads = 3;
-  const AttnMethod methods[n_threads] = {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified};
   std::vector<std::vector<int32_t>> prompts;
   std::mt19937_64 rng(seed);
   for (int t = 0; t < n_threads; ++t) {
@@ -153,8 +157,8 @@ TEST_CASE("concurrency: forward passes over one shared model from several plain 
     prompts.push_back(p);
   }
   std::vector<std::vector<float>> alone(n_threads), together(n_threads);
-  for (int t = 0; t < n_threads; ++t) alone[size_t(t)] = decode(model, prompts[size_t(t)], 4, methods[t]);
-  on_threads(n_threads, [&](int t) { together[size_t(t)] = decode(model, prompts[size_t(t)], 4, methods[t]); });
+  for (int t = 0; t < n_threads; ++t) alone[size_t(t)] = decode(model, prompts[size_t(t)], 4);
+  on_threads(n_threads, [&](int t) { together[size_t(t)] = decode(model, prompts[size_t(t)], 4); });
   for (int t = 0; t < n_threads; ++t) {
     CAPTURE(t);
     const std::vector<double> ref(alone[size_t(t)].begin(), alone[size_t(t)].end());

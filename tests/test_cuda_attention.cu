@@ -134,13 +134,14 @@ struct Config {
   }
 };
 
-// Runs ws on q and returns (o, lse) on the host; outputs are poisoned first so unwritten elements show.
-void run(const cuda::Workspace& ws, const DeviceBuffer& q, int64_t n_out, int64_t d, std::vector<float>& o,
-         std::vector<float>& lse) {
+// Binds views, runs ws on q and returns (o, lse) on the host; outputs are poisoned first so unwritten
+// elements show.
+void run(cuda::Workspace& ws, const std::vector<KvView>& views, const DeviceBuffer& q, int64_t n_out, int64_t d,
+         std::vector<float>& o, std::vector<float>& lse) {
   DeviceBuffer od(static_cast<size_t>(n_out * d) * 4), ld(static_cast<size_t>(n_out) * 4);
   CUDA_OK(cudaMemset(od.p, 0x7f, od.bytes));  // 0x7f7f7f7f: a huge finite value
   CUDA_OK(cudaMemset(ld.p, 0x7f, ld.bytes));
-  ws.attend(nullptr, q.as<float>(), od.as<float>(), ld.as<float>());
+  ws.run(nullptr, views, q.as<float>(), od.as<float>(), ld.as<float>());
   CUDA_OK(cudaDeviceSynchronize());
   o = download<float>(od, static_cast<size_t>(n_out * d));
   lse = download<float>(ld, static_cast<size_t>(n_out));
@@ -157,14 +158,13 @@ void check(Rng& rng, const Config& cfg, bool exact_compare = true) {
     host_views.push_back(store.back()->host);
     dev_views.push_back(store.back()->dev);
   }
-  const Plan plan = Plan::build(shape, host_views, cfg.tree.paths, cfg.n_query);
-  const Plan dev_plan = Plan::build(shape, dev_views, cfg.tree.paths, cfg.n_query);
-  const int64_t d = shape.head_dim, n_out = plan.n_rows() * shape.n_q_heads;
+  const Tree tree = Tree::build(shape, cfg.seg_len, cfg.tree.paths, cfg.n_query);
+  const int64_t d = shape.head_dim, n_out = tree.n_rows() * shape.n_q_heads;
   std::vector<float> q(static_cast<size_t>(n_out * d));
   for (float& x : q) x = rng.uniform(-cfg.amp, cfg.amp);
   const DeviceBuffer qd(q.data(), q.size() * 4);
   std::vector<double> ref_o(q.size()), ref_lse(static_cast<size_t>(n_out));
-  reference_attention(plan, q.data(), ref_o.data(), ref_lse.data());
+  reference_attention(tree, host_views, q.data(), ref_o.data(), ref_lse.data());
   const Tol tol = tolerance(cfg.dtype);
   std::vector<float> o, lse;
 
@@ -182,36 +182,40 @@ void check(Rng& rng, const Config& cfg, bool exact_compare = true) {
   };
 
   {
-    const cuda::Workspace ws(dev_plan);
-    run(ws, qd, n_out, d, o, lse);
+    cuda::Workspace ws(cuda::plan_for_device(tree));
+    run(ws, dev_views, qd, n_out, d, o, lse);
     compare("cascade");
   }
   {
-    SplitLayout split = make_split(plan);
+    SplitLayout split = make_split(tree, host_views);
     std::vector<std::unique_ptr<DeviceBuffer>> bufs;
     std::vector<KvView> views;
-    std::vector<int64_t> n_query;
-    for (int s = 0; s < split.plan.n_sequences(); ++s) {
-      KvView kv = split.plan.segment(s);
+    for (int s = 0; s < split.tree.n_sequences(); ++s) {
+      KvView kv = split.views[static_cast<size_t>(s)];
       bufs.push_back(std::make_unique<DeviceBuffer>(split.k[static_cast<size_t>(s)].data(), split.k[static_cast<size_t>(s)].size()));
       kv.k = bufs.back()->p;
       bufs.push_back(std::make_unique<DeviceBuffer>(split.v[static_cast<size_t>(s)].data(), split.v[static_cast<size_t>(s)].size()));
       kv.v = bufs.back()->p;
       views.push_back(kv);
-      n_query.push_back(split.plan.sequence(s).n_query);
     }
-    const cuda::Workspace ws(Plan::independent(shape, views, n_query, plan.scale()));
-    run(ws, qd, n_out, d, o, lse);
+    cuda::Workspace ws(cuda::plan_for_device(split.tree));
+    run(ws, views, qd, n_out, d, o, lse);
     compare("split");
   }
   {
-    const UnifiedLayout uni = make_unified(plan);
+    const UnifiedLayout uni = make_unified(tree, host_views);
     const DeviceBuffer dk(uni.k.data(), uni.k.size()), dv(uni.v.data(), uni.v.size());
     cpu::UnifiedBatch b = uni.batch;
     b.kv.k = dk.p;
     b.kv.v = dv.p;
-    const cuda::Workspace ws = cuda::Workspace::unified(shape, b, plan.scale());
-    run(ws, qd, n_out, d, o, lse);
+    cuda::Workspace ws = cuda::Workspace::unified(shape, b, tree.scale());
+    DeviceBuffer od(static_cast<size_t>(n_out * d) * 4), ld(static_cast<size_t>(n_out) * 4);
+    CUDA_OK(cudaMemset(od.p, 0x7f, od.bytes));
+    CUDA_OK(cudaMemset(ld.p, 0x7f, ld.bytes));
+    ws.attend(nullptr, qd.as<float>(), od.as<float>(), ld.as<float>());  // the buffer is bound already
+    CUDA_OK(cudaDeviceSynchronize());
+    o = download<float>(od, static_cast<size_t>(n_out * d));
+    lse = download<float>(ld, static_cast<size_t>(n_out));
     compare("unified");
   }
 }
@@ -344,14 +348,15 @@ TEST_CASE("cuda: attend is stream-ordered and replays from a captured graph") {
     store.push_back(make_segment(rng, DType::bf16, len, shape.n_kv_heads, shape.head_dim, true, true));
     views.push_back(store.back()->dev);
   }
-  const Plan plan = Plan::build(shape, views, {{0, 1}, {0, 2}, {0, 3}}, {1, 1, 1});
-  const cuda::Workspace ws(plan);
+  const Plan plan = cuda::plan_for_device(Tree::build(shape, {3000, 40, 70, 0}, {{0, 1}, {0, 2}, {0, 3}}, {1, 1, 1}));
+  cuda::Workspace ws(plan);
   const int64_t n = plan.n_rows() * shape.n_q_heads * shape.head_dim;
   std::vector<float> q(static_cast<size_t>(n));
   for (float& x : q) x = rng.uniform(-1, 1);
   const DeviceBuffer qd(q.data(), q.size() * 4), o1(static_cast<size_t>(n) * 4), o2(static_cast<size_t>(n) * 4);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ws.bind(stream, views);  // outside the capture: it copies from the host
   ws.attend(stream, qd.as<float>(), o1.as<float>());
   CUDA_OK(cudaMemsetAsync(o2.p, 0, o2.bytes, stream));
   cudaGraph_t graph;
@@ -418,30 +423,33 @@ TEST_CASE("cuda: device merges == host merges, for any rows and head dims, empty
 // These need no device: the checks before any CUDA call, and the error a missing device gives.
 TEST_CASE("cuda: bad input throws an Error naming the problem") {
   static const uint16_t dummy[64] = {};
-  const auto plan_of = [](HeadShape shape, DType dt) {
-    KvView kv = KvView::contiguous(reinterpret_cast<const f16*>(dummy), reinterpret_cast<const f16*>(dummy), 2,
-                                   shape.n_kv_heads, shape.head_dim);
-    kv.dtype = dt;
-    return Plan::two_level(shape, kv, {kv});
-  };
-  CHECK_THROWS_WITH_AS(cuda::Workspace(plan_of(HeadShape{4, 1, 72}, DType::f16)),
-                       doctest::Contains("head_dim 72 has no CUDA kernel"), Error);
-  CHECK_THROWS_WITH_AS(cuda::Workspace(plan_of(HeadShape{4, 1, 64}, DType::f32)),
-                       doctest::Contains("f32 is not supported on CUDA"), Error);
+  const auto plan_of = [](HeadShape shape) { return cuda::plan(Tree::two_level(shape, 2, {2})); };
+  CHECK_THROWS_WITH_AS(cuda::Workspace(plan_of(HeadShape{4, 1, 72})), doctest::Contains("head_dim 72 has no CUDA kernel"),
+                       Error);
+  CHECK_THROWS_WITH_AS(cuda::Workspace(cpu::plan(Tree::two_level(HeadShape{4, 1, 64}, 2, {2}))),
+                       doctest::Contains("cpu backend"), Error);
   if (!have_device()) {
     // Without a device the workspace reports the CUDA error instead of crashing.
-    CHECK_THROWS_AS(cuda::Workspace(plan_of(HeadShape{4, 1, 64}, DType::f16)), Error);
+    CHECK_THROWS_AS(cuda::Workspace(plan_of(HeadShape{4, 1, 64})), Error);
     MESSAGE("no CUDA device: checked the errors that need none");
     return;
   }
-  // Host K/V: the kernels could not read it.
-  CHECK_THROWS_WITH_AS(cuda::Workspace(plan_of(HeadShape{4, 1, 64}, DType::f16)),
-                       doctest::Contains("not device memory"), Error);
-  // Misaligned q.
+  // Host K/V: the kernels could not read it. f32 K/V: no kernel.
+  cuda::Workspace host(plan_of(HeadShape{4, 1, 64}));
+  const KvView hv = KvView::contiguous(reinterpret_cast<const f16*>(dummy), reinterpret_cast<const f16*>(dummy), 2, 1, 64);
+  CHECK_THROWS_WITH_AS(host.bind(nullptr, std::vector<KvView>{hv, hv}), doctest::Contains("not device memory"), Error);
   Rng rng(1);
-  auto seg = make_segment(rng, DType::f16, 10, 1, 64, false, true);
-  const cuda::Workspace ws(Plan::two_level(HeadShape{4, 1, 64}, seg->dev, {seg->dev}));
+  auto seg = make_segment(rng, DType::f16, 2, 1, 64, false, true);
+  KvView f32 = seg->dev;
+  f32.dtype = DType::f32;
+  CHECK_THROWS_WITH_AS(host.bind(nullptr, std::vector<KvView>{f32, f32}), doctest::Contains("f32 is not supported on CUDA"),
+                       Error);
+  CHECK_THROWS_WITH_AS(host.bind(nullptr, std::vector<KvView>{seg->dev}), doctest::Contains("K/V views"), Error);
+  // Misaligned q; attend before any bind.
+  cuda::Workspace ws(plan_of(HeadShape{4, 1, 64}));
   const DeviceBuffer q(4 * 64 * 4 + 16), o(4 * 64 * 4);
+  CHECK_THROWS_WITH_AS(ws.attend(nullptr, q.as<float>(), o.as<float>()), doctest::Contains("bind"), Error);
+  ws.bind(nullptr, std::vector<KvView>{seg->dev, seg->dev});
   CHECK_THROWS_WITH_AS(ws.attend(nullptr, q.as<float>() + 1, o.as<float>()), doctest::Contains("16-byte aligned"),
                        Error);
   CHECK_THROWS_WITH_AS(ws.attend(nullptr, nullptr, o.as<float>()), doctest::Contains("null q or o"), Error);

@@ -285,7 +285,8 @@ void run_scenario(const Tiny& t, AttnMethod method, DType dtype, const Tol& tol,
   const int S = n_shared;
   for (auto* v : {&shared, &tail_a, &tail_b})
     for (int32_t& x : *v) x = tok(rng);
-  KvCache cache(int(hp.n_layer), hp.head_shape(), dtype, method);
+  std::unique_ptr<TreeCache> prompts = make_prefill_cache(method, int(hp.n_layer), hp.head_shape(), dtype);
+  TreeCache& cache = *prompts;
   const int root = cache.add_segment(-1, 0);
   const int na = cache.add_segment(root, S);
   const int nb = cache.add_segment(root, S);
@@ -328,22 +329,10 @@ void run_scenario(const Tiny& t, AttnMethod method, DType dtype, const Tol& tol,
   }
 
   // Four sequences: 0, 1 from prompt a; 2, 3 from prompt b.
-  const int n_seq = 4;
   std::vector<std::vector<int32_t>> seq_tokens = {prompt_a, prompt_a, prompt_b, prompt_b};
   const std::vector<int> leaf = {na, na, nb, nb};
-  std::vector<int> id(n_seq);
-  if (method == AttnMethod::cascade || method == AttnMethod::auto_) {
-    for (int s = 0; s < n_seq; ++s) id[s] = cache.add_segment(leaf[s]);
-  } else if (method == AttnMethod::split) {
-    for (int s = 0; s < n_seq; ++s) {
-      id[s] = cache.add_segment(-1);
-      cache.copy_path(id[s], leaf[s]);
-    }
-    for (int g : {root, na, nb}) cache.release(g);
-  } else {
-    cache.build_unified(leaf);
-    for (int s = 0; s < n_seq; ++s) id[s] = s;
-  }
+  std::vector<int> id;
+  const std::unique_ptr<KvCache> decode = start_sequences(method, std::move(prompts), leaf, id);
   for (int step = 0; step < 4; ++step) {
     std::vector<int> active = {0, 1, 2, 3};
     if (step == 3) active = {1, 2};
@@ -357,10 +346,10 @@ void run_scenario(const Tiny& t, AttnMethod method, DType dtype, const Tol& tol,
       pos.push_back(int32_t(seq_tokens[s].size()));
       seq_tokens[s].push_back(x);
     }
-    cache.begin_step(entries);
+    decode->begin_step(entries);
     std::vector<int64_t> rows(active.size());
     for (size_t i = 0; i < rows.size(); ++i) rows[i] = int64_t(i);
-    model.forward(tokens, pos, cache, rows, logits);
+    model.forward(tokens, pos, *decode, rows, logits);
     for (size_t r = 0; r < active.size(); ++r) {
       const auto ref = reference_logits(t, seq_tokens[active[r]]);
       check_logits(logits.data() + r * hp.n_vocab, ref.back(), tol,
@@ -370,8 +359,8 @@ void run_scenario(const Tiny& t, AttnMethod method, DType dtype, const Tol& tol,
   }
   // The prompt is stored once by cascade and unified, once per sequence by split.
   const int64_t fed = 4 * 3 + 2;
-  if (method == AttnMethod::split) CHECK(cache.stored_tokens() == 2 * (S + 3) + 2 * (S + 4) + fed);
-  else CHECK(cache.stored_tokens() == S + 7 + fed);
+  if (method == AttnMethod::split) CHECK(decode->stored_tokens() == 2 * (S + 3) + 2 * (S + 4) + fed);
+  else CHECK(decode->stored_tokens() == S + 7 + fed);
 }
 
 std::string load_error(const Tiny& t) {
@@ -580,7 +569,7 @@ TEST_CASE("llama: generate() with more than 64 sequences (several mask words) ag
 }
 
 TEST_CASE("llama: KV cache rejects a step at the wrong position and unknown methods") {
-  KvCache cache(1, {4, 2, 8}, DType::f32, AttnMethod::cascade);
+  TreeCache cache(1, {4, 2, 8}, DType::f32);
   const int root = cache.add_segment(-1);
   CHECK_THROWS_AS(cache.begin_step({{root, 1, 3}}), Error);
   CHECK_THROWS_AS(parse_attn_method("flash"), Error);

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cascade/cpu/attention.hpp"
 #include "cascade/error.hpp"
 #include "cascade/plan.hpp"
 #include "fuzz/model_seed.hpp"
@@ -28,23 +29,21 @@ const Tokenizer& llama_spm() {
 
 std::string bytes(std::initializer_list<unsigned char> b) { return std::string(b.begin(), b.end()); }
 
-// Plan::build on a fuzz_plan input whose segments are only built, never run (the "huge" flag): contiguous views
-// over a dummy float, as fuzz_plan makes them.
+// The plan of a fuzz_plan input whose segments are only planned, never run (the "huge" flag), as fuzz_plan
+// makes it: the tree from the lengths, then its CPU schedule.
 cascade::Plan build_huge_plan(const std::vector<uint8_t>& input) {
   const cascade::fuzz::PlanSpec spec = cascade::fuzz::decode_plan(input.data(), input.size());
   REQUIRE(spec.huge);
-  static const float dummy[1] = {0};
   const cascade::HeadShape shape{spec.n_q_heads, spec.n_kv_heads, spec.head_dim_value()};
-  std::vector<cascade::KvView> views;
-  for (const cascade::fuzz::SegmentSpec& s : spec.segments)
-    views.push_back(cascade::KvView::contiguous(dummy, dummy, int64_t(s.n_tokens), shape.n_kv_heads, shape.head_dim));
+  std::vector<int64_t> n_tokens;
+  for (const cascade::fuzz::SegmentSpec& s : spec.segments) n_tokens.push_back(int64_t(s.n_tokens));
   std::vector<std::vector<int>> paths;
   std::vector<int64_t> n_query;
   for (const cascade::fuzz::SequenceSpec& s : spec.sequences) {
     paths.emplace_back(s.path.begin(), s.path.end());
     n_query.push_back(s.n_query);
   }
-  return cascade::Plan::build(shape, views, paths, n_query);
+  return cascade::cpu::plan(cascade::Tree::build(shape, n_tokens, paths, n_query));
 }
 
 // Model::load's error on a fuzz_model seed (fuzz/model_seed.hpp) changed as the case says; "" when it loads.
@@ -81,7 +80,7 @@ TEST_CASE("regression: SentencePiece: a broken UTF-8 lead byte does not swallow 
 
 // fuzz_plan, input 04 08 08 c3 00 02 | 2^62 as u64, 00 00 | 2^62 as u64, 00 00 | 01 01 02 00 01 | 8 zero bytes: one
 // sequence through two segments of 2^62 tokens each. Summing its keys overflowed int64 (UB) inside Plan::build;
-// now the plan is refused with an Error. Fixed in include/cascade/plan.hpp.
+// now the plan is refused with an Error. Fixed in include/cascade/plan.hpp (the check lives in tree.hpp now).
 TEST_CASE("regression: plan: a sequence with more keys than int64 holds is refused, not overflowed") {
   std::vector<uint8_t> input = {0x04, 0x08, 0x08, 0xc3, 0x00, 0x02};
   for (int seg = 0; seg < 2; ++seg) {
@@ -92,9 +91,11 @@ TEST_CASE("regression: plan: a sequence with more keys than int64 holds is refus
   input.insert(input.end(), 8, 0x00);
   CHECK_THROWS_WITH_AS(build_huge_plan(input), doctest::Contains("more keys than int64"), cascade::Error);
 
-  // A total just below 2^63 is still a plan.
+  // A total just below 2^63 is still a plan, and its schedule's chunks stay within int64.
   input[6 + 7] = 0x3f;  // the first segment becomes 2^62 - 2^56 tokens
   CHECK_NOTHROW(build_huge_plan(input));
+  const cascade::Plan plan = build_huge_plan(input);
+  CHECK_NOTHROW(cascade::verify_schedule(plan.attended(), plan.schedule()));
 }
 
 // fuzz_model, a 10 KB mutation of the seed q8_0_spm.gguf whose llama.block_count (u64) read 16,580,352 with the

@@ -37,6 +37,7 @@
 #include "model/gguf.hpp"
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
+#include "model/utf8.hpp"
 
 namespace {
 
@@ -176,7 +177,7 @@ std::optional<Options> parse_args(int argc, char** argv) {
   return o;
 }
 
-std::vector<std::string> read_prompts(const Options& o) {
+std::vector<std::string> read_prompt_texts(const Options& o) {
   if (!o.file) {
     const std::string p = o.prompt.value_or("Once upon a time, in a small village by the sea, there lived");
     CASCADE_CHECK(!p.empty(), "the prompt is empty");
@@ -195,30 +196,20 @@ std::vector<std::string> read_prompts(const Options& o) {
   return prompts;
 }
 
-// Length of the valid UTF-8 sequence at s[i], or 0 when the bytes there are not one.
-size_t utf8_len(std::string_view s, size_t i) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned c = b(i);
-  if (c < 0x80) return 1;
-  size_t n;
-  uint32_t cp, min;
-  if ((c & 0xE0) == 0xC0) n = 2, cp = c & 0x1F, min = 0x80;
-  else if ((c & 0xF0) == 0xE0) n = 3, cp = c & 0x0F, min = 0x800;
-  else if ((c & 0xF8) == 0xF0) n = 4, cp = c & 0x07, min = 0x10000;
-  else return 0;
-  if (i + n > s.size()) return 0;
-  for (size_t k = 1; k < n; ++k) {
-    if ((b(i + k) & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (b(i + k) & 0x3F);
+// The prompts' texts (-p, or -f one per line), each valid UTF-8.
+std::vector<std::string> read_prompts(const Options& o) {
+  std::vector<std::string> prompts = read_prompt_texts(o);
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const int64_t bad = cascade::utf8::first_invalid(prompts[p]);
+    CASCADE_CHECK(bad < 0, "prompt ", p + 1, " is not valid UTF-8 (byte ", bad, ")");
   }
-  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-  return n;
+  return prompts;
 }
 
 std::string json_string(std::string_view s) {
   std::string out = "\"";
   for (size_t i = 0; i < s.size();) {
-    const size_t n = utf8_len(s, i);
+    const size_t n = cascade::utf8::decode(s, i).len;
     if (n == 0) {
       out += "\\ufffd";
       ++i;
@@ -266,54 +257,21 @@ std::string gib(double bytes) {
   return buf;
 }
 
-// Offset of the first byte that is not part of valid UTF-8, or -1.
-int64_t invalid_utf8_at(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return int64_t(i);
-    uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
-    for (size_t k = 1; k < n; ++k) {
-      const auto cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc >> 6) != 0x2) return int64_t(i);
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    const bool overlong = (n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000);
-    if (overlong || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return int64_t(i);
-    i += n;
+// Refuses a model whose weights would not fit in the memory the system can still give.
+void check_weights_fit(const cascade::gguf::File& file, uint64_t avail) {
+  // What the weights take once loaded: Q8_0/Q4_1 matrices stay in their blocks, the rest becomes f32.
+  double need = 0;
+  for (const auto& t : file.tensors()) {
+    const bool kept = t.type == cascade::gguf::TensorType::Q8_0 || t.type == cascade::gguf::TensorType::Q4_1;
+    need += kept ? double(t.n_bytes) : 4.0 * double(t.n_elements);
   }
-  return -1;
+  CASCADE_CHECK(avail == 0 || need <= double(avail), "loading the model's weights would need ", gib(need),
+                ", but only ", gib(double(avail)), " of memory is available");
 }
 
-int run(int argc, char** argv) {
-  const std::optional<Options> opt = parse_args(argc, argv);
-  if (!opt) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
-  const Options& o = *opt;
-  const std::vector<std::string> texts = read_prompts(o);
-  for (size_t p = 0; p < texts.size(); ++p) {
-    const int64_t bad = invalid_utf8_at(texts[p]);
-    CASCADE_CHECK(bad < 0, "prompt ", p + 1, " is not valid UTF-8 (byte ", bad, ")");
-  }
-  const cascade::gguf::File file = cascade::gguf::File::open(o.model);
-  const cascade::Tokenizer tok(cascade::load_vocab(file));
-  const uint64_t avail = available_memory();
-  {
-    // What the weights take once loaded: Q8_0/Q4_1 matrices stay in their blocks, the rest becomes f32.
-    double need = 0;
-    for (const auto& t : file.tensors()) {
-      const bool kept = t.type == cascade::gguf::TensorType::Q8_0 || t.type == cascade::gguf::TensorType::Q4_1;
-      need += kept ? double(t.n_bytes) : 4.0 * double(t.n_elements);
-    }
-    CASCADE_CHECK(avail == 0 || need <= double(avail), "loading the model's weights would need ", gib(need),
-                  ", but only ", gib(double(avail)), " of memory is available");
-  }
-  const cascade::llama::Model model = cascade::llama::Model::load(file);
-  const int64_t n_ctx = o.gen.n_ctx > 0 ? o.gen.n_ctx : model.hparams().n_ctx_train;
-
+// The prompts' token ids (through the chat template with --chat), each leaving room in the context.
+std::vector<std::vector<int32_t>> tokenize_prompts(const Options& o, const cascade::Tokenizer& tok,
+                                                   const std::vector<std::string>& texts, int64_t n_ctx) {
   std::vector<std::vector<int32_t>> prompts;
   for (size_t p = 0; p < texts.size(); ++p) {
     std::vector<int32_t> ids;
@@ -328,45 +286,158 @@ int run(int argc, char** argv) {
                   " tokens, which leaves no room in the context of ", n_ctx, " (-c)");
     prompts.push_back(std::move(ids));
   }
+  return prompts;
+}
 
+// Refuses, before any work starts, a run whose K/V cache at its largest (kv_cache.hpp's estimate for the
+// method: the prompt tree, the copies a method makes, every token each sequence may generate) would not fit.
+void check_cache_fits(const Options& o, const cascade::llama::Hparams& hp,
+                      const std::vector<std::vector<int32_t>>& prompts, int64_t n_ctx, uint64_t avail) {
+  int64_t prompt_tokens = 0;
+  double gen_tokens = 0;
+  for (const auto& ids : prompts) {
+    prompt_tokens += int64_t(ids.size());
+    gen_tokens += double(o.gen.n_parallel) * double(std::min<int64_t>(o.gen.n_predict, n_ctx - int64_t(ids.size())));
+  }
+  const double tokens = cascade::peak_kv_tokens(o.gen.attn, cascade::make_prompt_tree(prompts).n_tokens(),
+                                                prompt_tokens, o.gen.n_parallel, gen_tokens);
+  const double need = tokens * double(hp.n_layer) * 2.0 * double(hp.n_head_kv) * double(hp.head_dim) *
+                      double(cascade::dtype_size(o.gen.kv_dtype));
+  CASCADE_CHECK(avail == 0 || need <= double(avail), "the K/V cache would need ", gib(need), " (",
+                int64_t(tokens), " tokens x ", hp.n_layer, " layers), but only ", gib(double(avail)),
+                " of memory is available: lower -np, -n or -c");
+}
+
+// auto's profile (--cost-model): read into gen when the file exists; else check it can be written once
+// calibrated, and return true (save it after the run).
+bool use_cost_model_file(const Options& o, cascade::GenerateParams& gen) {
+  if (!o.cost_model) return false;
+  const std::string& path = *o.cost_model;
+  CASCADE_CHECK(o.gen.attn == cascade::AttnMethod::auto_, "--cost-model is for --attn auto (got --attn ",
+                cascade::attn_method_name(o.gen.attn), ")");
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec)) {
+    CASCADE_CHECK(std::filesystem::is_regular_file(path, ec), "cost model profile '", path, "' is not a file");
+    gen.cost_model = cascade::CostModel::load(path);
+    return false;
+  }
   {
-    // The K/V cache at its largest: every prompt token stored (once per sequence for split) plus every token
-    // each sequence may generate, refused before any work starts if the machine can't hold it.
-    const cascade::llama::Hparams& hp = model.hparams();
-    double tokens = 0;
-    for (const auto& ids : prompts) {
-      const double gen = double(std::min<int64_t>(o.gen.n_predict, n_ctx - int64_t(ids.size())));
-      const double stored = o.gen.attn == cascade::AttnMethod::split ? double(o.gen.n_parallel) * double(ids.size())
-                                                                     : double(ids.size());
-      tokens += stored + double(o.gen.n_parallel) * gen;
-    }
-    const double need = tokens * double(hp.n_layer) * 2.0 * double(hp.n_head_kv) * double(hp.head_dim) *
-                        double(cascade::dtype_size(o.gen.kv_dtype));
-    CASCADE_CHECK(avail == 0 || need <= double(avail), "the K/V cache would need ", gib(need), " (",
-                  int64_t(tokens), " tokens x ", hp.n_layer, " layers), but only ", gib(double(avail)),
-                  " of memory is available: lower -np, -n or -c");
+    std::ofstream probe(path);
+    CASCADE_CHECK(bool(probe), "cannot write the cost model profile '", path, "'");
   }
+  std::filesystem::remove(path, ec);
+  return true;
+}
 
-  // auto's profile: read it, or make sure it can be written once calibrated.
-  cascade::GenerateParams gen = o.gen;
-  bool save_cost_model = false;
-  if (o.cost_model) {
-    const std::string& path = *o.cost_model;
-    CASCADE_CHECK(o.gen.attn == cascade::AttnMethod::auto_, "--cost-model is for --attn auto (got --attn ",
-                  cascade::attn_method_name(o.gen.attn), ")");
-    std::error_code ec;
-    if (std::filesystem::exists(path, ec)) {
-      CASCADE_CHECK(std::filesystem::is_regular_file(path, ec), "cost model profile '", path, "' is not a file");
-      gen.cost_model = cascade::CostModel::load(path);
-    } else {
-      {
-        std::ofstream probe(path);
-        CASCADE_CHECK(bool(probe), "cannot write the cost model profile '", path, "'");
-      }
-      std::filesystem::remove(path, ec);
-      save_cost_model = true;
+// The decode steps summed: wall time, attention, planning, and attention's mean share of a step.
+struct DecodeTotals {
+  double ms = 0, attn_ms = 0, plan_ms = 0, attn_share = 0, plan_share = 0, tokens_per_s = 0;
+  explicit DecodeTotals(const cascade::GenerateResult& r) {
+    for (const cascade::StepStat& st : r.steps) {
+      ms += st.ms;
+      attn_ms += st.attn_ms;
+      plan_ms += st.plan_ms;
+      attn_share += st.ms > 0 ? st.attn_ms / st.ms : 0;
+      plan_share += st.ms > 0 ? st.plan_ms / st.ms : 0;
     }
+    const double n_steps = double(r.steps.size());
+    if (n_steps > 0) attn_share /= n_steps, plan_share /= n_steps;
+    tokens_per_s = ms > 0 ? 1e3 * double(r.n_decode_tokens) / ms : 0;
   }
+};
+
+template <class F>
+void json_array(std::ostringstream& js, const char* key, const std::vector<cascade::StepStat>& steps, F field) {
+  js << ",\"" << key << "\":[";
+  for (size_t i = 0; i < steps.size(); ++i) js << (i ? "," : "") << json_number(field(steps[i]));
+  js << "]";
+}
+
+// --json: one object with the run's settings, timings, tree, per-step times and every sequence.
+void print_json(const Options& o, const cascade::GenerateResult& r, const std::vector<std::string>& texts,
+                int n_threads, size_t n_prompts) {
+  const DecodeTotals d(r);
+  std::ostringstream js;
+  js << "{\"model\":" << json_string(o.model) << ",\"attn\":\"" << cascade::attn_method_name(o.gen.attn)
+     << "\",\"kv_type\":\"" << cascade::dtype_name(o.gen.kv_dtype) << "\",\"n_threads\":" << n_threads
+     << ",\"seed\":" << o.gen.sampling.seed << ",\"n_ctx\":" << r.n_ctx << ",\"n_parallel\":" << o.gen.n_parallel
+     << ",\"n_predict\":" << o.gen.n_predict << ",\"n_prompts\":" << n_prompts
+     << ",\"n_prompt_tokens\":" << r.n_prompt_tokens << ",\"n_prompt_stored\":" << r.n_prompt_stored
+     << ",\"prompt_ms\":" << json_number(r.prompt_ms) << ",\"prompt_attn_ms\":" << json_number(r.prompt_attn_ms)
+     << ",\"calibrate_ms\":" << json_number(r.calibrate_ms) << ",\"prompt_tokens_per_s\":"
+     << json_number(r.prompt_ms > 0 ? 1e3 * double(r.n_prompt_stored) / r.prompt_ms : 0)
+     << ",\"n_decode_tokens\":" << r.n_decode_tokens << ",\"decode_ms\":" << json_number(d.ms)
+     << ",\"decode_tokens_per_s\":" << json_number(d.tokens_per_s) << ",\"attn_ms\":" << json_number(d.attn_ms)
+     << ",\"attn_share\":" << json_number(d.attn_share) << ",\"plan_ms\":" << json_number(d.plan_ms)
+     << ",\"plan_share\":" << json_number(d.plan_share) << ",\"kv_tokens\":" << r.kv_tokens
+     << ",\"kv_bytes\":" << r.kv_bytes << ",\"tree\":[";
+  for (size_t i = 0; i < r.tree.nodes.size(); ++i)
+    js << (i ? "," : "") << "{\"parent\":" << r.tree.nodes[i].parent << ",\"start\":" << r.tree.nodes[i].start
+       << ",\"n_tokens\":" << r.tree.nodes[i].tokens.size() << "}";
+  js << "]";
+  json_array(js, "step_ms", r.steps, [](const cascade::StepStat& st) { return st.ms; });
+  json_array(js, "step_attn_ms", r.steps, [](const cascade::StepStat& st) { return st.attn_ms; });
+  json_array(js, "step_plan_ms", r.steps, [](const cascade::StepStat& st) { return st.plan_ms; });
+  js << ",\"sequences\":[";
+  for (size_t s = 0; s < r.sequences.size(); ++s) {
+    js << (s ? "," : "") << "{\"prompt\":" << r.sequences[s].prompt << ",\"stop\":\"" << r.sequences[s].stop
+       << "\",\"text\":" << json_string(texts[s]) << ",\"tokens\":[";
+    for (size_t k = 0; k < r.sequences[s].tokens.size(); ++k) js << (k ? "," : "") << r.sequences[s].tokens[k];
+    js << "]}";
+  }
+  js << "]}\n";
+  std::fputs(js.str().c_str(), stdout);
+}
+
+// The final timings on stderr, llama.cpp's lines and ours.
+void print_timings(const cascade::GenerateResult& r) {
+  const DecodeTotals d(r);
+  const double n_steps = double(r.steps.size());
+  for (size_t s = 0; s < r.sequences.size(); ++s)
+    if (r.sequences[s].stop == "context")
+      std::fprintf(stderr, "note: sequence %zu stopped at the context limit (%lld positions, -c)\n", s,
+                   static_cast<long long>(r.n_ctx));
+  std::fprintf(stderr, "prompt eval time = %10.2f ms / %5lld tokens (%8.2f ms per token, %8.2f tokens per second)\n",
+               r.prompt_ms, static_cast<long long>(r.n_prompt_stored),
+               r.n_prompt_stored ? r.prompt_ms / double(r.n_prompt_stored) : 0.0,
+               r.prompt_ms > 0 ? 1e3 * double(r.n_prompt_stored) / r.prompt_ms : 0.0);
+  std::fprintf(stderr,
+               "decode time      = %10.2f ms / %5lld tokens (%8.2f ms per token, %8.2f tokens per second), "
+               "%zu steps, %.2f ms per step\n",
+               d.ms, static_cast<long long>(r.n_decode_tokens),
+               r.n_decode_tokens ? d.ms / double(r.n_decode_tokens) : 0.0, d.tokens_per_s, r.steps.size(),
+               n_steps > 0 ? d.ms / n_steps : 0.0);
+  std::fprintf(stderr, "attention        = %10.2f ms of decode (%.1f%% of each step on average), %.2f ms of prefill\n",
+               d.attn_ms, 100 * d.attn_share, r.prompt_attn_ms);
+  std::fprintf(stderr, "attention plans  = %10.2f ms of decode (%.2f%% of each step), one plan per step for all layers\n",
+               d.plan_ms, 100 * d.plan_share);
+  if (r.calibrate_ms > 0)
+    std::fprintf(stderr, "auto calibration = %10.2f ms, once, before the prefill (--cost-model FILE keeps it)\n",
+                 r.calibrate_ms);
+  std::fprintf(stderr, "prompt tokens    = %lld in the prompts, %lld stored in the tree (%zu nodes); K/V at the end: "
+               "%lld tokens, %.2f MiB\n",
+               static_cast<long long>(r.n_prompt_tokens), static_cast<long long>(r.n_prompt_stored),
+               r.tree.nodes.size(), static_cast<long long>(r.kv_tokens), double(r.kv_bytes) / (1 << 20));
+}
+
+int run(int argc, char** argv) {
+  const std::optional<Options> opt = parse_args(argc, argv);
+  if (!opt) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  const Options& o = *opt;
+  const std::vector<std::string> texts = read_prompts(o);
+  const cascade::gguf::File file = cascade::gguf::File::open(o.model);
+  const cascade::Tokenizer tok(cascade::load_vocab(file));
+  const uint64_t avail = available_memory();
+  check_weights_fit(file, avail);
+  const cascade::llama::Model model = cascade::llama::Model::load(file);
+  const int64_t n_ctx = o.gen.n_ctx > 0 ? o.gen.n_ctx : model.hparams().n_ctx_train;
+  const std::vector<std::vector<int32_t>> prompts = tokenize_prompts(o, tok, texts, n_ctx);
+  check_cache_fits(o, model.hparams(), prompts, n_ctx, avail);
+  cascade::GenerateParams gen = o.gen;
+  const bool save_cost_model = use_cost_model_file(o, gen);
 
   // From here on nothing fails on bad input: progress may go to stderr.
   const int n_threads = o.gen.n_threads > 0 ? o.gen.n_threads : tbb::info::default_concurrency();
@@ -385,79 +456,16 @@ int run(int argc, char** argv) {
     r.cost_model->save(*o.cost_model);
     std::fprintf(stderr, "cascade-generate: cost model calibrated and written to %s\n", o.cost_model->c_str());
   }
-
-  double decode_ms = 0, decode_attn_ms = 0, share_sum = 0;
-  for (const cascade::StepStat& st : r.steps) {
-    decode_ms += st.ms;
-    decode_attn_ms += st.attn_ms;
-    share_sum += st.ms > 0 ? st.attn_ms / st.ms : 0;
-  }
-  const double n_steps = double(r.steps.size());
-  const double attn_share = n_steps > 0 ? share_sum / n_steps : 0;
-  const double decode_tps = decode_ms > 0 ? 1e3 * double(r.n_decode_tokens) / decode_ms : 0;
   std::vector<std::string> out_texts;
   for (const cascade::SequenceResult& sq : r.sequences) out_texts.push_back(tok.decode(sq.tokens, false));
-
   if (o.json) {
-    std::ostringstream js;
-    js << "{\"model\":" << json_string(o.model) << ",\"attn\":\"" << cascade::attn_method_name(o.gen.attn)
-       << "\",\"kv_type\":\"" << cascade::dtype_name(o.gen.kv_dtype) << "\",\"n_threads\":" << n_threads
-       << ",\"seed\":" << o.gen.sampling.seed << ",\"n_ctx\":" << r.n_ctx << ",\"n_parallel\":" << o.gen.n_parallel
-       << ",\"n_predict\":" << o.gen.n_predict << ",\"n_prompts\":" << prompts.size()
-       << ",\"n_prompt_tokens\":" << r.n_prompt_tokens << ",\"n_prompt_stored\":" << r.n_prompt_stored
-       << ",\"prompt_ms\":" << json_number(r.prompt_ms) << ",\"prompt_attn_ms\":" << json_number(r.prompt_attn_ms)
-       << ",\"calibrate_ms\":" << json_number(r.calibrate_ms)
-       << ",\"prompt_tokens_per_s\":"
-       << json_number(r.prompt_ms > 0 ? 1e3 * double(r.n_prompt_stored) / r.prompt_ms : 0)
-       << ",\"n_decode_tokens\":" << r.n_decode_tokens << ",\"decode_ms\":" << json_number(decode_ms)
-       << ",\"decode_tokens_per_s\":" << json_number(decode_tps) << ",\"attn_ms\":" << json_number(decode_attn_ms)
-       << ",\"attn_share\":" << json_number(attn_share) << ",\"kv_tokens\":" << r.kv_tokens
-       << ",\"kv_bytes\":" << r.kv_bytes << ",\"tree\":[";
-    for (size_t i = 0; i < r.tree.nodes.size(); ++i)
-      js << (i ? "," : "") << "{\"parent\":" << r.tree.nodes[i].parent << ",\"start\":" << r.tree.nodes[i].start
-         << ",\"n_tokens\":" << r.tree.nodes[i].tokens.size() << "}";
-    js << "],\"step_ms\":[";
-    for (size_t i = 0; i < r.steps.size(); ++i) js << (i ? "," : "") << json_number(r.steps[i].ms);
-    js << "],\"step_attn_ms\":[";
-    for (size_t i = 0; i < r.steps.size(); ++i) js << (i ? "," : "") << json_number(r.steps[i].attn_ms);
-    js << "],\"sequences\":[";
-    for (size_t s = 0; s < r.sequences.size(); ++s) {
-      js << (s ? "," : "") << "{\"prompt\":" << r.sequences[s].prompt << ",\"stop\":\"" << r.sequences[s].stop
-         << "\",\"text\":" << json_string(out_texts[s]) << ",\"tokens\":[";
-      for (size_t k = 0; k < r.sequences[s].tokens.size(); ++k) js << (k ? "," : "") << r.sequences[s].tokens[k];
-      js << "]}";
-    }
-    js << "]}\n";
-    std::fputs(js.str().c_str(), stdout);
+    print_json(o, r, out_texts, n_threads, prompts.size());
   } else {
-    for (size_t s = 0; s < r.sequences.size(); ++s) {
+    for (size_t s = 0; s < r.sequences.size(); ++s)
       std::printf("--- sequence %zu (prompt %d, %s) ---\n%s\n", s, r.sequences[s].prompt + 1,
                   r.sequences[s].stop.c_str(), out_texts[s].c_str());
-    }
   }
-  for (size_t s = 0; s < r.sequences.size(); ++s)
-    if (r.sequences[s].stop == "context")
-      std::fprintf(stderr, "note: sequence %zu stopped at the context limit (%lld positions, -c)\n", s,
-                   static_cast<long long>(r.n_ctx));
-  std::fprintf(stderr, "prompt eval time = %10.2f ms / %5lld tokens (%8.2f ms per token, %8.2f tokens per second)\n",
-               r.prompt_ms, static_cast<long long>(r.n_prompt_stored),
-               r.n_prompt_stored ? r.prompt_ms / double(r.n_prompt_stored) : 0.0,
-               r.prompt_ms > 0 ? 1e3 * double(r.n_prompt_stored) / r.prompt_ms : 0.0);
-  std::fprintf(stderr,
-               "decode time      = %10.2f ms / %5lld tokens (%8.2f ms per token, %8.2f tokens per second), "
-               "%zu steps, %.2f ms per step\n",
-               decode_ms, static_cast<long long>(r.n_decode_tokens),
-               r.n_decode_tokens ? decode_ms / double(r.n_decode_tokens) : 0.0, decode_tps, r.steps.size(),
-               n_steps > 0 ? decode_ms / n_steps : 0.0);
-  std::fprintf(stderr, "attention        = %10.2f ms of decode (%.1f%% of each step on average), %.2f ms of prefill\n",
-               decode_attn_ms, 100 * attn_share, r.prompt_attn_ms);
-  if (r.calibrate_ms > 0)
-    std::fprintf(stderr, "auto calibration = %10.2f ms, once, before the prefill (--cost-model FILE keeps it)\n",
-                 r.calibrate_ms);
-  std::fprintf(stderr, "prompt tokens    = %lld in the prompts, %lld stored in the tree (%zu nodes); K/V at the end: "
-               "%lld tokens, %.2f MiB\n",
-               static_cast<long long>(r.n_prompt_tokens), static_cast<long long>(r.n_prompt_stored),
-               r.tree.nodes.size(), static_cast<long long>(r.kv_tokens), double(r.kv_bytes) / (1 << 20));
+  print_timings(r);
   return 0;
 }
 

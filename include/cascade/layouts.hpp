@@ -1,19 +1,20 @@
-// The baselines' layouts, built from a cascade plan (owning copies of its K/V):
+// The baselines' layouts, built from a cascade tree and its K/V views (owning copies of the K/V):
 //   split   : every sequence gets its own contiguous buffer holding all keys on its path (shared
 //             segments copied once per sequence), as llama.cpp's per-sequence KV streams do;
 //   unified : one buffer holding every segment once; each key carries the set of sequences that may see
 //             it and its position, and the queries are masked (llama.cpp's unified KV cache).
-// Both compute exactly what the plan computes; the tests and the benchmark use them side by side.
+// Both compute exactly what the tree computes; the tests and the benchmark use them side by side.
 #pragma once
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "cascade/cpu/attention.hpp"
 #include "cascade/kv.hpp"
-#include "cascade/plan.hpp"
+#include "cascade/tree.hpp"
 
 namespace cascade {
 
@@ -50,9 +51,10 @@ inline KvView dense_view(DType dt, const std::vector<uint8_t>& k, const std::vec
 
 struct SplitLayout {
   std::vector<std::vector<uint8_t>> k, v;  // per sequence: (n_keys, n_kv_heads, head_dim)
-  Plan plan;                               // Plan::independent over those buffers
+  Tree tree;                               // Tree::independent: sequence s attends segment s
+  std::vector<KvView> views;               // segment s: sequence s's buffer
   SplitLayout() = default;
-  SplitLayout(SplitLayout&&) = default;  // the plan points into the buffers: move, never copy
+  SplitLayout(SplitLayout&&) = default;  // the views point into the buffers: move, never copy
   SplitLayout& operator=(SplitLayout&&) = default;
   size_t kv_bytes() const {
     size_t n = 0;
@@ -63,24 +65,26 @@ struct SplitLayout {
 
 // All segments of a split layout take the dtype of the sequence's first segment; paths mixing dtypes
 // are refused.
-inline SplitLayout make_split(const Plan& plan) {
-  const HeadShape& shape = plan.shape();
+inline SplitLayout make_split(const Tree& tree, std::span<const KvView> kv) {
+  const HeadShape& shape = tree.shape();
+  const size_t n_seq = size_t(tree.n_sequences());
   SplitLayout out;
-  out.k.resize(plan.n_sequences());
-  out.v.resize(plan.n_sequences());
-  std::vector<KvView> views(plan.n_sequences());
-  std::vector<int64_t> n_query(plan.n_sequences());
-  for (int s = 0; s < plan.n_sequences(); ++s) {
-    const Plan::Sequence& sq = plan.sequence(s);
-    const DType dt = sq.path.empty() ? DType::f32 : plan.segment(sq.path[0]).dtype;
+  out.k.resize(n_seq);
+  out.v.resize(n_seq);
+  out.views.resize(n_seq);
+  std::vector<int64_t> n_query(n_seq), n_keys(n_seq);
+  for (size_t s = 0; s < n_seq; ++s) {
+    const Tree::Sequence& sq = tree.sequence(int(s));
+    const DType dt = sq.path.empty() ? DType::f32 : kv[size_t(sq.path[0])].dtype;
     for (int g : sq.path) {
-      CASCADE_CHECK(plan.segment(g).dtype == dt, "make_split: sequence ", s, " mixes K/V dtypes");
-      layout_detail::append_tokens(plan.segment(g), out.k[s], out.v[s]);
+      CASCADE_CHECK(kv[size_t(g)].dtype == dt, "make_split: sequence ", s, " mixes K/V dtypes");
+      layout_detail::append_tokens(kv[size_t(g)], out.k[s], out.v[s]);
     }
-    views[s] = layout_detail::dense_view(dt, out.k[s], out.v[s], sq.n_keys, shape.n_kv_heads, shape.head_dim);
+    out.views[s] = layout_detail::dense_view(dt, out.k[s], out.v[s], sq.n_keys, shape.n_kv_heads, shape.head_dim);
     n_query[s] = sq.n_query;
+    n_keys[s] = sq.n_keys;
   }
-  out.plan = Plan::independent(shape, std::move(views), n_query, plan.scale());
+  out.tree = Tree::independent(shape, std::move(n_keys), n_query, tree.scale());
   return out;
 }
 
@@ -98,39 +102,39 @@ struct UnifiedLayout {
 };
 
 // Every segment stored once, in segment order; all segments must share one dtype.
-inline UnifiedLayout make_unified(const Plan& plan) {
-  const HeadShape& shape = plan.shape();
+inline UnifiedLayout make_unified(const Tree& tree, std::span<const KvView> kv) {
+  const HeadShape& shape = tree.shape();
   UnifiedLayout u;
-  u.scale = plan.scale();
-  const int n_seq = plan.n_sequences();
+  u.scale = tree.scale();
+  const int n_seq = tree.n_sequences();
+  const size_t n_seg = size_t(tree.n_segments());
   const int64_t n_words = std::max<int64_t>(1, (n_seq + 63) / 64);
-  DType dt = plan.n_segments() ? plan.segment(0).dtype : DType::f32;
+  DType dt = n_seg ? kv[0].dtype : DType::f32;
   // Each segment's start position (the same in every sequence that passes through it) and its sequences.
-  std::vector<int64_t> seg_start(plan.n_segments(), 0);
-  std::vector<std::vector<int>> seg_seqs(plan.n_segments());
+  std::vector<int64_t> seg_start(n_seg, 0);
+  std::vector<std::vector<int>> seg_seqs(n_seg);
   for (int s = 0; s < n_seq; ++s) {
     int64_t start = 0;
-    for (int g : plan.sequence(s).path) {
-      seg_start[g] = start;
-      seg_seqs[g].push_back(s);
-      start += plan.segment(g).n_tokens;
+    for (int g : tree.sequence(s).path) {
+      seg_start[size_t(g)] = start;
+      seg_seqs[size_t(g)].push_back(s);
+      start += tree.n_tokens(g);
     }
   }
   int64_t n_keys = 0;
-  for (int g = 0; g < plan.n_segments(); ++g) {
-    const KvView& kv = plan.segment(g);
-    CASCADE_CHECK(kv.dtype == dt, "make_unified: segments mix K/V dtypes");
-    layout_detail::append_tokens(kv, u.k, u.v);
-    for (int64_t t = 0; t < kv.n_tokens; ++t) {
+  for (size_t g = 0; g < n_seg; ++g) {
+    CASCADE_CHECK(kv[g].dtype == dt, "make_unified: segments mix K/V dtypes");
+    layout_detail::append_tokens(kv[g], u.k, u.v);
+    for (int64_t t = 0; t < kv[g].n_tokens; ++t) {
       u.key_pos.push_back(int32_t(seg_start[g] + t));
       const size_t w0 = u.key_seqs.size();
-      u.key_seqs.resize(w0 + n_words, 0);
-      for (int s : seg_seqs[g]) u.key_seqs[w0 + s / 64] |= uint64_t(1) << (s % 64);
+      u.key_seqs.resize(w0 + size_t(n_words), 0);
+      for (int s : seg_seqs[g]) u.key_seqs[w0 + size_t(s / 64)] |= uint64_t(1) << (s % 64);
     }
-    n_keys += kv.n_tokens;
+    n_keys += kv[g].n_tokens;
   }
   for (int s = 0; s < n_seq; ++s) {
-    const Plan::Sequence& sq = plan.sequence(s);
+    const Tree::Sequence& sq = tree.sequence(s);
     for (int64_t i = 0; i < sq.n_query; ++i) {
       u.row_seq.push_back(s);
       u.row_pos.push_back(int32_t(sq.n_keys - sq.n_query + i));

@@ -5,16 +5,19 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "cascade/dtype.hpp"
+#include "cascade/error.hpp"
 #include "cascade/kv.hpp"
-#include "cascade/plan.hpp"
+#include "cascade/tree.hpp"
 
 namespace cascade {
 
-namespace ref_detail {
-inline double load(const KvView& kv, const void* base, int64_t t, int64_t h, int64_t i) {
+// Element i of head h of token t of K (base = kv.k) or V (base = kv.v), as a double: the plain reading of
+// a view's layout (kv.hpp), without its helpers.
+inline double kv_element(const KvView& kv, const void* base, int64_t t, int64_t h, int64_t i) {
   int64_t off;
   if (kv.block_table) {
     off = int64_t(kv.block_table[t / kv.page_size]) * kv.stride_page + (t % kv.page_size) * kv.stride_token;
@@ -29,10 +32,9 @@ inline double load(const KvView& kv, const void* base, int64_t t, int64_t h, int
   }
   return 0;
 }
-}  // namespace ref_detail
 
 // Sequence s attends the concatenation of seq_kv[s] with n_query[s] query tokens, the last positions of
-// its keys, causally (plan.hpp's convention). q: (sum n_query, n_q_heads, head_dim), rows in sequence
+// its keys, causally (tree.hpp's convention). q: (sum n_query, n_q_heads, head_dim), rows in sequence
 // order. o: same shape, lse: (rows, n_q_heads), natural log; a row that sees nothing gets (0, -inf).
 inline void reference_attention(const HeadShape& shape, double scale, const std::vector<std::vector<KvView>>& seq_kv,
                                 const std::vector<int64_t>& n_query, const float* q, double* o, double* lse) {
@@ -56,7 +58,7 @@ inline void reference_attention(const HeadShape& shape, double scale, const std:
           for (int64_t t = 0; t < kv.n_tokens; ++t, ++key) {
             if (key > pos) break;
             double dot = 0;
-            for (int64_t c = 0; c < d; ++c) dot += double(qr[c]) * ref_detail::load(kv, kv.k, t, kvh, c);
+            for (int64_t c = 0; c < d; ++c) dot += double(qr[c]) * kv_element(kv, kv.k, t, kvh, c);
             scores.push_back(dot * scale);
             mx = std::max(mx, scores.back());
           }
@@ -72,7 +74,7 @@ inline void reference_attention(const HeadShape& shape, double scale, const std:
         for (const KvView& kv : seq_kv[s]) {
           for (int64_t t = 0; t < kv.n_tokens && key < int64_t(scores.size()); ++t, ++key) {
             const double w = scores[key] / sum;
-            for (int64_t c = 0; c < d; ++c) orow[c] += w * ref_detail::load(kv, kv.v, t, kvh, c);
+            for (int64_t c = 0; c < d; ++c) orow[c] += w * kv_element(kv, kv.v, t, kvh, c);
           }
         }
         lse[row * shape.n_q_heads + qh] = mx + std::log(sum);
@@ -81,15 +83,22 @@ inline void reference_attention(const HeadShape& shape, double scale, const std:
   }
 }
 
-// The reference of a whole plan: each sequence attends the segments on its path.
-inline void reference_attention(const Plan& plan, const float* q, double* o, double* lse) {
-  std::vector<std::vector<KvView>> seq_kv(plan.n_sequences());
-  std::vector<int64_t> n_query(plan.n_sequences());
-  for (int s = 0; s < plan.n_sequences(); ++s) {
-    for (int g : plan.sequence(s).path) seq_kv[s].push_back(plan.segment(g));
-    n_query[s] = plan.sequence(s).n_query;
+// The reference of a tree: each sequence attends the segments on its path; kv[g] holds segment g.
+inline void reference_attention(const Tree& tree, std::span<const KvView> kv, const float* q, double* o,
+                                double* lse) {
+  CASCADE_CHECK(int64_t(kv.size()) == tree.n_segments(), "reference: ", kv.size(), " K/V views for ",
+                tree.n_segments(), " segments");
+  std::vector<std::vector<KvView>> seq_kv(size_t(tree.n_sequences()));
+  std::vector<int64_t> n_query(size_t(tree.n_sequences()));
+  for (int s = 0; s < tree.n_sequences(); ++s) {
+    for (int g : tree.sequence(s).path) {
+      CASCADE_CHECK(kv[size_t(g)].n_tokens == tree.n_tokens(g), "reference: segment ", g, " has ",
+                    kv[size_t(g)].n_tokens, " tokens, the tree ", tree.n_tokens(g));
+      seq_kv[size_t(s)].push_back(kv[size_t(g)]);
+    }
+    n_query[size_t(s)] = tree.sequence(s).n_query;
   }
-  reference_attention(plan.shape(), plan.scale(), seq_kv, n_query, q, o, lse);
+  reference_attention(tree.shape(), tree.scale(), seq_kv, n_query, q, o, lse);
 }
 
 }  // namespace cascade

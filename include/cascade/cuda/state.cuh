@@ -172,4 +172,13 @@ inline void merge_states(cudaStream_t stream, int64_t n, const float* o, const f
   CASCADE_CUDA_CHECK(cudaGetLastError(), "launching merge_states");
 }
 
+// merge_slots_kernel's launcher (device pointers; see the kernel).
+inline void merge_slots(cudaStream_t stream, const int64_t* begin, const int64_t* slots, const float* part_o,
+                        const float* part_lse, int64_t n_out, int64_t head_dim, float* o, float* lse) {
+  if (n_out == 0) return;
+  merge_slots_kernel<<<state_detail::grid_for(n_out, 256), 256, 0, stream>>>(begin, slots, part_o, part_lse, n_out,
+                                                                            head_dim, o, lse);
+  CASCADE_CUDA_CHECK(cudaGetLastError(), "launching the merge of ", n_out, " outputs");
+}
+
 }  // namespace cascade::cuda

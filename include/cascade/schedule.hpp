@@ -1,0 +1,361 @@
+// The schedule of a step: which work item attends which query rows to which keys, where it writes its
+// partial state, and which partial states every output merges. One schedule for every backend (the CPU,
+// the CUDA host code, the cost model); what differs between backends is a Target: their kernels' row
+// tiles, which kernel takes a pass, how many items the work is split into, where chunks may start.
+//
+//   1. Passes. A chain of segments attended by exactly the same rows (a segment whose rows all continue,
+//      in the same order, into its one child and see all of its keys) is one pass over their tokens in
+//      order, so a prefix that only one sequence (or one group of rows) reads costs no extra items or
+//      merges over a copy of it. Every other segment with rows and tokens is a pass of its own.
+//   2. Items. Stacked row e of a pass is query token row e / group (the pass's token rows, `rows` below)
+//      and query head kvh * group + e % group: all query rows below a segment, of all sequences and all
+//      heads of a GQA group, are the M dimension of one matrix product. Every (pass, KV head or all of
+//      them, tile of stacked rows, chunk of the pass's tokens) is an item. Long passes are cut into chunks
+//      (flash-decoding style) so that even one sequence with one KV head keeps every worker busy; a tile's
+//      work stops at the last key its rows can see.
+//   3. Merge. Every output (row, q head) is the exact merge (state.hpp) of the partial states listed in
+//      out_slots[out_begin[i], out_begin[i + 1]), i = row * n_q_heads + qh; no slot: the empty state.
+//
+// Partial states live in `slots`: item it writes the state of KV head it.kvh + h and stacked row e to slot
+// it.slot + h * (it.e1 - it.e0) + (e - it.e0). A workspace holds o (n_slots, head_dim) then lse (n_slots),
+// natural log: n_slots * (head_dim + 1) floats.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "cascade/error.hpp"
+#include "cascade/tree.hpp"
+
+namespace cascade {
+
+// How a backend runs one pass: one of its kernels (or kernel configurations).
+struct KernelTile {
+  int64_t tile_rows = 128;  // stacked rows per item at most
+  bool all_heads = false;   // one item carries every KV head (else one KV head per item)
+  // Relative work of an item per key, to split passes evenly: tile_cost + row_cost * rows * heads.
+  double tile_cost = 0;
+  double row_cost = 1;
+};
+
+// What the schedule needs to know of the backend that runs it.
+struct Target {
+  const char* backend = "";     // who runs it ("cpu", "cuda"); a backend refuses another's plan
+  KernelTile kernels[2];
+  // The kernel (0 or 1) of a pass with `rows_per_head` stacked rows per KV head.
+  int (*pick)(int64_t rows_per_head, int head_dim) = nullptr;
+  double n_items = 8;           // aim: long passes are chunked until the work is about this many items
+  int64_t min_chunk = 256;      // shortest chunk of a pass's tokens one item takes when a pass is split
+  int64_t chunk_align = 1;      // chunk boundaries fall on multiples of this
+  bool cut_at_joins = false;    // items never straddle two segments of a chain (kernels reading one span)
+  int n_threads = 0;            // CPU: threads the items run on (0: the caller's arena); others ignore it
+};
+
+struct Schedule {
+  struct Pass {
+    int kernel = 0;
+    int64_t n_tokens = 0;      // its segments' tokens, in key order
+    int64_t n_token_rows = 0;  // query tokens attending it
+    int64_t seg_begin = 0, seg_end = 0;  // its segments: segs[seg_begin, seg_end)
+    int64_t row_begin = 0;     // its token rows: rows[row_begin, row_begin + n_token_rows)
+    int64_t group_begin = -1;  // its item groups (KV head x row tile): groups[group_begin, ...); -1: no work
+    int64_t n_tiles = 0;       // row tiles per KV-head group
+  };
+  struct PassSegment {
+    int seg = 0;        // segment of the tree the schedule was made from
+    int64_t start = 0;  // key offset of its first token inside the pass
+  };
+  struct Row {
+    int64_t q_row = 0;  // query row (in q, o)
+    int64_t limit = 0;  // keys of the pass it sees: [0, limit)
+  };
+  struct Item {
+    int pass = 0;
+    int kvh = 0;         // first KV head
+    int heads = 1;       // KV heads [kvh, kvh + heads)
+    int64_t e0 = 0, e1 = 0;  // stacked rows [e0, e1) of the pass
+    int64_t t0 = 0, t1 = 0;  // keys [t0, t1) of the pass
+    int64_t slot = 0;    // first slot of its partial states
+  };
+
+  std::vector<Pass> passes;
+  std::vector<PassSegment> segs;
+  std::vector<Row> rows;
+  std::vector<Item> items;
+  std::vector<int64_t> groups;    // per item group: its first item; plus a final sentinel
+  std::vector<int64_t> out_begin;  // (n_rows * n_q_heads + 1)
+  std::vector<int64_t> out_slots;
+  int64_t n_slots = 0;
+
+  int64_t workspace_floats(int head_dim) const { return n_slots * (int64_t(head_dim) + 1); }
+  // Items holding the states of stacked row e of pass p for KV head kvh: [first, last).
+  std::pair<int64_t, int64_t> items_of(int p, int kvh, int64_t e, const Target& target) const {
+    const Pass& ps = passes[size_t(p)];
+    const KernelTile& k = target.kernels[ps.kernel];
+    const int64_t g = ps.group_begin + (k.all_heads ? 0 : int64_t(kvh) * ps.n_tiles) + e / k.tile_rows;
+    return {groups[size_t(g)], groups[size_t(g) + 1]};
+  }
+  // The slot of (KV head kvh, stacked row e) in item it.
+  static int64_t slot_of(const Item& it, int kvh, int64_t e) { return it.slot + (kvh - it.kvh) * (it.e1 - it.e0) + (e - it.e0); }
+};
+
+namespace schedule_detail {
+
+// The passes of a tree (step 1): fills s.passes, s.segs and s.rows; returns, per segment, the pass it
+// heads (-1: inside a chain, or on no path).
+inline std::vector<int> add_passes(Schedule& s, const Tree& tree) {
+  const int n_seg = tree.n_segments();
+  // fuse_into[g]: g's only child when that child has exactly g's rows (same order) and every row sees all
+  // of g's keys; then the two run as one pass.
+  // (Rows of siblings are disjoint, so at most one child has all of g's rows.)
+  std::vector<int> fuse_into(size_t(n_seg), -1);
+  std::vector<char> fused_child(size_t(n_seg), 0);
+  for (int c = 0; c < n_seg; ++c) {
+    const int g = tree.parent(c);
+    if (g < 0) continue;
+    const auto& rg = tree.segment_rows(g);
+    const auto& rc = tree.segment_rows(c);
+    if (rg.empty() || rg.size() != rc.size()) continue;
+    bool same = true;
+    for (size_t r = 0; r < rg.size() && same; ++r) same = rg[r].row == rc[r].row && rg[r].limit == tree.n_tokens(g);
+    if (!same) continue;
+    fuse_into[size_t(g)] = c;
+    fused_child[size_t(c)] = 1;
+  }
+  std::vector<int> head_pass(size_t(n_seg), -1);
+  for (int g = 0; g < n_seg; ++g) {
+    if (fused_child[size_t(g)] || tree.parent(g) == Tree::kUnused) continue;
+    Schedule::Pass ps;
+    ps.seg_begin = int64_t(s.segs.size());
+    int last = g;
+    for (int x = g; x >= 0; x = fuse_into[size_t(x)]) {
+      s.segs.push_back({x, ps.n_tokens});
+      ps.n_tokens += tree.n_tokens(x);
+      last = x;
+    }
+    ps.seg_end = int64_t(s.segs.size());
+    const auto& rows = tree.segment_rows(last);
+    const int64_t last_start = s.segs.back().start;
+    ps.row_begin = int64_t(s.rows.size());
+    ps.n_token_rows = int64_t(rows.size());
+    for (const Tree::SegmentRow& r : rows) s.rows.push_back({r.row, last_start + r.limit});
+    head_pass[size_t(g)] = int(s.passes.size());
+    s.passes.push_back(ps);
+  }
+  return head_pass;
+}
+
+// Chunks of [0, span) for one tile (step 2): about cost * span / per_item of them, none shorter than
+// min_chunk (unless the span is), boundaries on multiples of chunk_align. Safe for spans near INT64_MAX.
+inline int64_t chunk_step(const Target& t, double cost_per_key, int64_t span, double per_item) {
+  const double want = cost_per_key * double(span) / per_item + 0.5;
+  int64_t n_chunks = want < double(span) ? int64_t(want) : span;
+  n_chunks = std::clamp<int64_t>(n_chunks, 1, std::max<int64_t>(1, span / t.min_chunk));
+  int64_t step = span / n_chunks + (span % n_chunks != 0);
+  if (step % t.chunk_align != 0) step += std::min(t.chunk_align - step % t.chunk_align, span - step);
+  return std::max<int64_t>(step, 1);
+}
+
+// One item per chunk [t0, t1), or per piece of it between segment joins when the target asks.
+inline void add_chunk_items(Schedule& s, const Target& t, int p, Schedule::Item it) {
+  const Schedule::Pass& ps = s.passes[size_t(p)];
+  const int64_t t1 = it.t1;
+  while (it.t0 < t1) {
+    it.t1 = t1;
+    if (t.cut_at_joins)
+      for (int64_t k = ps.seg_begin + 1; k < ps.seg_end; ++k)
+        if (s.segs[size_t(k)].start > it.t0) {
+          it.t1 = std::min(t1, s.segs[size_t(k)].start);
+          break;
+        }
+    it.slot = s.n_slots;
+    s.n_slots += int64_t(it.heads) * (it.e1 - it.e0);
+    s.items.push_back(it);
+    it.t0 = it.t1;
+  }
+}
+
+// The items of every pass (step 2): picks each pass's kernel, tiles its rows, chunks its keys.
+inline void add_items(Schedule& s, const HeadShape& shape, const Target& t) {
+  CASCADE_CHECK(t.pick != nullptr && t.min_chunk > 0 && t.chunk_align > 0 && t.n_items > 0,
+                "schedule: incomplete target");
+  const int group = shape.group(), n_kvh = shape.n_kv_heads;
+  const auto cost_per_key = [&](const KernelTile& k, int64_t rows, int heads) {
+    return k.tile_cost + k.row_cost * double(rows) * heads;
+  };
+  double total = 0;
+  for (Schedule::Pass& ps : s.passes) {
+    const int64_t m = ps.n_token_rows * group;
+    ps.kernel = t.pick(m, shape.head_dim);
+    CASCADE_CHECK(ps.kernel == 0 || ps.kernel == 1, "schedule: the target picked kernel ", ps.kernel);
+    const KernelTile& k = t.kernels[ps.kernel];
+    CASCADE_CHECK(k.tile_rows > 0, "schedule: kernel ", ps.kernel, " has no row tile");
+    ps.n_tiles = (m + k.tile_rows - 1) / k.tile_rows;
+    for (int64_t tile = 0; tile < ps.n_tiles; ++tile)
+      total += cost_per_key(k, std::min(k.tile_rows, m - tile * k.tile_rows), k.all_heads ? n_kvh : 1) *
+               double(ps.n_tokens) * (k.all_heads ? 1 : n_kvh);
+  }
+  const double per_item = std::max(1.0, total / t.n_items);
+  for (int p = 0; p < int(s.passes.size()); ++p) {
+    Schedule::Pass& ps = s.passes[size_t(p)];
+    const int64_t m = ps.n_token_rows * group;
+    if (m == 0 || ps.n_tokens == 0) continue;
+    const KernelTile& k = t.kernels[ps.kernel];
+    const int heads = k.all_heads ? n_kvh : 1;
+    ps.group_begin = int64_t(s.groups.size());
+    for (int kvh = 0; kvh < n_kvh; kvh += heads) {
+      for (int64_t tile = 0; tile < ps.n_tiles; ++tile) {
+        s.groups.push_back(int64_t(s.items.size()));
+        const int64_t e0 = tile * k.tile_rows, e1 = std::min(m, e0 + k.tile_rows);
+        int64_t span = 0;  // keys the tile's rows see at most: the work past it is skipped
+        for (int64_t r = e0 / group; r < (e1 + group - 1) / group; ++r)
+          span = std::max(span, s.rows[size_t(ps.row_begin + r)].limit);
+        if (span == 0) continue;
+        const int64_t step = chunk_step(t, cost_per_key(k, e1 - e0, heads), span, per_item);
+        for (int64_t t0 = 0; t0 < span;) {
+          const int64_t t1 = span - t0 > step ? t0 + step : span;
+          add_chunk_items(s, t, p, {p, kvh, heads, e0, e1, t0, t1, 0});
+          t0 = t1;
+        }
+      }
+    }
+  }
+  s.groups.push_back(int64_t(s.items.size()));
+}
+
+// The merge lists (step 3). parts(row, add) calls add(pass, token row of the pass) for every pass whose
+// states output row `row` merges, in key order.
+template <class Parts>
+void add_merge_lists(Schedule& s, const HeadShape& shape, const Target& t, int64_t n_rows, Parts parts) {
+  const int group = shape.group();
+  s.out_begin.assign(size_t(n_rows * shape.n_q_heads + 1), 0);
+  s.out_slots.clear();
+  for (int64_t row = 0; row < n_rows; ++row) {
+    for (int qh = 0; qh < shape.n_q_heads; ++qh) {
+      s.out_begin[size_t(row * shape.n_q_heads + qh)] = int64_t(s.out_slots.size());
+      const int kvh = qh / group;
+      parts(row, [&](int p, int64_t token_row) {
+        if (s.passes[size_t(p)].group_begin < 0) return;  // a pass with no work
+        const int64_t e = token_row * group + qh % group;
+        const auto [first, last] = s.items_of(p, kvh, e, t);
+        for (int64_t i = first; i < last; ++i) s.out_slots.push_back(Schedule::slot_of(s.items[size_t(i)], kvh, e));
+      });
+    }
+  }
+  s.out_begin.back() = int64_t(s.out_slots.size());
+}
+
+}  // namespace schedule_detail
+
+// The passes of a tree (step 1 alone: segs, rows and passes, no items): what the cost model prices.
+inline Schedule make_passes(const Tree& tree) {
+  Schedule s;
+  schedule_detail::add_passes(s, tree);
+  return s;
+}
+
+// The schedule of a tree for a target.
+inline Schedule make_schedule(const Tree& tree, const Target& target) {
+  Schedule s;
+  const std::vector<int> head_pass = schedule_detail::add_passes(s, tree);
+  schedule_detail::add_items(s, tree.shape(), target);
+  std::vector<int> row_seq(size_t(tree.n_rows()));
+  for (int q = 0; q < tree.n_sequences(); ++q) {
+    const Tree::Sequence& sq = tree.sequence(q);
+    std::fill_n(row_seq.begin() + sq.row_begin, sq.n_query, q);
+  }
+  // Each row merges the passes its sequence's path heads (a chain's segments after its head add nothing).
+  schedule_detail::add_merge_lists(s, tree.shape(), target, tree.n_rows(), [&](int64_t row, auto&& add) {
+    const Tree::Sequence& sq = tree.sequence(row_seq[size_t(row)]);
+    for (size_t k = 0; k < sq.path.size(); ++k) {
+      const int p = head_pass[size_t(sq.path[k])];
+      if (p >= 0) add(p, sq.seg_row_begin[k] + (row - sq.row_begin));
+    }
+  });
+  return s;
+}
+
+// The schedule of the unified baseline: one pass over a buffer of n_keys keys (segment 0) that every one of
+// the n_rows query token rows scores in full; the backend masks out other sequences' keys.
+inline Schedule make_unified_schedule(const HeadShape& shape, int64_t n_keys, int64_t n_rows, const Target& target) {
+  shape.validate();
+  CASCADE_CHECK(n_keys >= 0 && n_rows >= 0, "unified schedule: negative key (", n_keys, ") or row (", n_rows,
+                ") count");
+  Schedule s;
+  Schedule::Pass ps;
+  ps.n_tokens = n_keys;
+  ps.n_token_rows = n_rows;
+  ps.seg_end = 1;
+  s.segs.push_back({0, 0});
+  s.rows.resize(size_t(n_rows));
+  for (int64_t r = 0; r < n_rows; ++r) s.rows[size_t(r)] = {r, n_keys};
+  s.passes.push_back(ps);
+  schedule_detail::add_items(s, shape, target);
+  schedule_detail::add_merge_lists(s, shape, target, n_rows, [](int64_t row, auto&& add) { add(0, row); });
+  return s;
+}
+
+// Checks that a schedule of `tree` computes what the tree says, from the work list alone: every item
+// stays inside its pass and row tile, every slot is written by exactly one item, and every output merges
+// states of its own row and head that cover each key it sees exactly once (and no other). Throws an Error
+// naming the first violation. Costs about as much as making the schedule; for tests and fuzzing.
+inline void verify_schedule(const Tree& tree, const Schedule& s) {
+  const HeadShape& shape = tree.shape();
+  const int group = shape.group();
+  std::vector<int64_t> slot_item(size_t(s.n_slots), -1);
+  for (size_t i = 0; i < s.items.size(); ++i) {
+    const Schedule::Item& it = s.items[i];
+    CASCADE_CHECK(it.pass >= 0 && it.pass < int(s.passes.size()), "schedule: item ", i, " names pass ", it.pass);
+    const Schedule::Pass& ps = s.passes[size_t(it.pass)];
+    CASCADE_CHECK(it.kvh >= 0 && it.heads >= 1 && it.kvh + it.heads <= shape.n_kv_heads && it.e0 >= 0 &&
+                      it.e0 < it.e1 && it.e1 <= ps.n_token_rows * group && it.t0 >= 0 && it.t0 < it.t1 &&
+                      it.t1 <= ps.n_tokens,
+                  "schedule: item ", i, " is out of its pass");
+    for (int64_t k = it.slot; k < it.slot + it.heads * (it.e1 - it.e0); ++k) {
+      CASCADE_CHECK(k >= 0 && k < s.n_slots && slot_item[size_t(k)] < 0, "schedule: slot ", k, " written twice");
+      slot_item[size_t(k)] = int64_t(i);
+    }
+  }
+  CASCADE_CHECK(int64_t(s.out_begin.size()) == tree.n_rows() * shape.n_q_heads + 1, "schedule: merge lists for ",
+                s.out_begin.size(), " outputs");
+  std::vector<std::tuple<int, int64_t, int64_t>> spans;  // (pass, first key, end) that an output merges
+  for (int sq_i = 0; sq_i < tree.n_sequences(); ++sq_i) {
+    const Tree::Sequence& sq = tree.sequence(sq_i);
+    for (int64_t i = 0; i < sq.n_query; ++i) {
+      const int64_t row = sq.row_begin + i;
+      const int64_t visible = std::clamp<int64_t>(sq.n_keys - sq.n_query + i + 1, 0, sq.n_keys);
+      for (int qh = 0; qh < shape.n_q_heads; ++qh) {
+        const int64_t o = row * shape.n_q_heads + qh;
+        spans.clear();
+        int64_t covered = 0;
+        for (int64_t k = s.out_begin[size_t(o)]; k < s.out_begin[size_t(o) + 1]; ++k) {
+          const int64_t slot = s.out_slots[size_t(k)];
+          CASCADE_CHECK(slot >= 0 && slot < s.n_slots && slot_item[size_t(slot)] >= 0, "schedule: output ", o,
+                        " merges slot ", slot, ", which no item writes");
+          const Schedule::Item& it = s.items[size_t(slot_item[size_t(slot)])];
+          const Schedule::Pass& ps = s.passes[size_t(it.pass)];
+          const int64_t n = it.e1 - it.e0, e = it.e0 + (slot - it.slot) % n;
+          const int kvh = it.kvh + int((slot - it.slot) / n);
+          const Schedule::Row& r = s.rows[size_t(ps.row_begin + e / group)];
+          CASCADE_CHECK(r.q_row == row && kvh == qh / group && e % group == qh % group, "schedule: output ", o,
+                        " merges the state of another row or head");
+          const int64_t t1 = std::min(it.t1, r.limit);
+          if (t1 <= it.t0) continue;
+          spans.push_back({it.pass, it.t0, t1});
+          covered += t1 - it.t0;
+        }
+        std::sort(spans.begin(), spans.end());
+        for (size_t k = 1; k < spans.size(); ++k)
+          CASCADE_CHECK(std::get<0>(spans[k]) != std::get<0>(spans[k - 1]) ||
+                            std::get<1>(spans[k]) >= std::get<2>(spans[k - 1]),
+                        "schedule: output ", o, " merges a key twice");
+        CASCADE_CHECK(covered == visible, "schedule: output ", o, " merges ", covered, " keys but sees ", visible);
+      }
+    }
+  }
+}
+
+}  // namespace cascade
