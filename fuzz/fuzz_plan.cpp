@@ -238,11 +238,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<float> o2(o.size(), std::nanf("")), lse2(lse.size(), std::nanf(""));
     cpu::Options opt;
     opt.n_threads = int(spec.value_seed >> 8 & 3);
-    // Split copies every sequence's keys: only while those copies stay within a few times the K/V budget.
-    double split_elements = 0;
+    // Split copies every sequence's keys; unified scores every row against every key (masked). Each only
+    // while that stays within a few times the budgets; the input picks one, the other when it does not fit.
+    double split_elements = 0, all_keys = 0;
     for (int s = 0; s < tree->n_sequences(); ++s)
       split_elements += double(tree->sequence(s).n_keys) * double(shape.n_kv_heads) * double(d);
-    if ((spec.value_seed & 1) && split_elements <= 4.0 * double(kMaxKvElements)) {
+    for (int g = 0; g < tree->n_segments(); ++g) all_keys += double(tree->n_tokens(g));
+    const bool split_fits = split_elements <= 4.0 * double(kMaxKvElements);
+    const bool unified_fits = double(n_rows) * (all_keys + 1) * shape.n_q_heads * double(d) <= 4.0 * kMaxWork;
+    if (!split_fits && !unified_fits) return 0;
+    if (split_fits && ((spec.value_seed & 1) || !unified_fits)) {
       const SplitLayout split = make_split(*tree, views);
       cpu::run(cpu::plan(split.tree, opt), split.views, q.data(), o2.data(), lse2.data());
     } else {

@@ -78,7 +78,8 @@ for t in "${targets[@]}"; do
   limits=(-runs="$runs")
   ((secs > 0)) && limits+=(-max_total_time="$secs")
   log="$out/logs/$t.log"
-  before=$(find "$out/crashes" -name "$t-*" | wc -l)
+  # Slow units (an input over 10 s, kept as $t-slow-unit-*) are not crashes; -timeout is.
+  before=$(find "$out/crashes" -name "$t-*" ! -name "$t-slow-unit-*" | wc -l)
   t0=$SECONDS
   rc=0
   # -timeout: one input running longer than that counts as a crash; -rss_limit_mb: so does using more memory
@@ -89,7 +90,7 @@ for t in "${targets[@]}"; do
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2 || true)
   ft=$(grep -o 'ft: [0-9]*' "$log" | tail -1 | cut -d' ' -f2 || true)
   n_corpus=$(find "$corpus" -type f | wc -l)
-  crashes=$(($(find "$out/crashes" -name "$t-*" | wc -l) - before))
+  crashes=$(($(find "$out/crashes" -name "$t-*" ! -name "$t-slow-unit-*" | wc -l) - before))
   if ((rc != 0 && crashes == 0)); then crashes=1; fi  # died without writing an input (e.g. in its setup)
   took=$((SECONDS - t0))
   line=$(printf '%-16s %12s %7s %7s %7s %8d %6ds' "fuzz_$t" "${execs:-?}" "${cov:-?}" "${ft:-?}" "$n_corpus" \
@@ -106,7 +107,7 @@ for t in "${targets[@]}"; do
     failed=1
     echo "fuzz: fuzz_$t failed (exit $rc); the end of $log:" >&2
     grep -v -e '^#' -e 'NEW_FUNC' "$log" | tail -25 >&2
-    find "$out/crashes" -name "$t-*" -newer "$out/seeds" | sed 's/^/fuzz: crashing input kept: /' >&2
+    find "$out/crashes" -name "$t-*" ! -name "$t-slow-unit-*" -newer "$out/seeds" | sed 's/^/fuzz: crashing input kept: /' >&2
   fi
 done
 
