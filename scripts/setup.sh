@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(cmake g++ make pkg-config libeigen3-dev libtbb-dev doctest-dev libutf8proc-dev
-      clang libclang-rt-dev)  # clang + its runtimes: libFuzzer and the sanitizers (scripts/fuzz.sh)
+      clang libclang-rt-dev  # clang + its runtimes: libFuzzer and the sanitizers (scripts/fuzz.sh)
+      python3-dev python3-venv)  # the Python module (pip install ., scripts/test.sh's virtual environment)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""The cost of calling cascade from Python: each Plan.run from Python against the same run timed from C++ in
+the same process, on the same arrays and plan (cascade._cascade._time_runs), interleaved round by round, with
+a cache flush before every timed call as cascade-bench does.
+
+Points: a tiny step (the call overhead itself) and cascade-bench's K1 (--shape smollm2-135m, B 32, P 1230,
+own 1024, f16) and K2 (--shape llama3-8b, B 32, P 4096, own 64, f16). Variants: K/V as one NumPy array per
+segment or as one array holding all segments; fresh results or out=/lse=; the same with PyTorch tensors
+when PyTorch is installed.
+
+    PYTHONPATH=build/python build/venv/bin/python bench/python_overhead.py [--reps 30] [--no-flush]
+
+Prints one markdown table: per point and variant, the median ms of the C++ and Python calls, their ratio and
+the overhead (Python median - C++ median, in microseconds).
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+
+import cascade
+from cascade import _cascade
+
+try:
+    import torch
+except ImportError:  # optional
+    torch = None
+
+POINTS = [
+    # name, (q heads, KV heads, head dim), B, P, own tokens
+    ("tiny", (9, 3, 64), 1, 16, 16),
+    ("K1", (9, 3, 64), 32, 1230, 1024),
+    ("K2", (32, 8, 128), 32, 4096, 64),
+]
+
+
+class Flusher:
+    """Evicts the caches by writing a buffer twice the last-level cache (at least 64 MiB)."""
+
+    def __init__(self):
+        llc = 0
+        try:
+            llc = os.sysconf("SC_LEVEL3_CACHE_SIZE")
+        except (ValueError, OSError):
+            pass
+        self.buf = np.zeros(max(64 << 20, 2 * max(llc, 0)) // 4, np.float32)
+
+    def __call__(self):
+        np.add(self.buf, 1.0, out=self.buf)
+
+
+def variants(plan, rng, shape):
+    hq, hkv, d = shape
+    segs = plan.segments
+    k_all = rng.uniform(-1, 1, (sum(segs), hkv, d)).astype(np.float16)
+    v_all = rng.uniform(-1, 1, (sum(segs), hkv, d)).astype(np.float16)
+    starts = np.cumsum([0] + segs)
+    k_list = [k_all[a:b] for a, b in zip(starts[:-1], starts[1:])]
+    v_list = [v_all[a:b] for a, b in zip(starts[:-1], starts[1:])]
+    q = rng.uniform(-1, 1, (plan.n_rows, hq, d)).astype(np.float32)
+    out, lse = np.empty_like(q), np.empty((plan.n_rows, hq), np.float32)
+    vs = [
+        ("numpy, list", k_list, v_list, q, {}),
+        ("numpy, list, out=", k_list, v_list, q, {"out": out, "lse": lse}),
+        ("numpy, one array", k_all, v_all, q, {}),
+        ("numpy, one array, out=", k_all, v_all, q, {"out": out, "lse": lse}),
+    ]
+    if torch is not None:
+        t = torch.from_numpy
+        vs += [
+            ("torch, list", [t(x) for x in k_list], [t(x) for x in v_list], t(q), {}),
+            ("torch, one array", t(k_all), t(v_all), t(q), {}),
+            ("torch, one array, out=", t(k_all), t(v_all), t(q), {"out": t(out), "lse": t(lse)}),
+        ]
+    return vs
+
+
+def time_point(name, shape, batch, prefix, own, reps, flush, rng):
+    hq, hkv, d = shape
+    plan = cascade.Plan.two_level(prefix, [own] * batch, n_q_heads=hq, n_kv_heads=hkv, head_dim=d)
+    vs = variants(plan, rng, shape)
+    k0, v0, q0 = vs[0][1], vs[0][2], vs[0][3]
+    calls = [("C++", lambda: _cascade._time_runs(plan, k0, v0, q0, 1)[0])]
+    for label, k, v, q, kw in vs:
+        def py_call(k=k, v=v, q=q, kw=kw):
+            t0 = time.perf_counter()
+            plan.run(k, v, q, **kw)
+            return time.perf_counter() - t0
+        calls.append((label, py_call))
+    # Many more repetitions for the tiny point: its times are microseconds.
+    n = reps * (50 if name == "tiny" else 1)
+    times = {label: [] for label, _ in calls}
+    for _ in range(3):  # warm-up
+        for _, f in calls:
+            f()
+    for rep in range(n):
+        for j in range(len(calls)):
+            label, f = calls[(rep + j) % len(calls)]
+            if flush:
+                flush()
+            times[label].append(f())
+    return {label: statistics.median(ts) for label, ts in times.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=30, help="timed calls of each variant per point (tiny: 50x)")
+    ap.add_argument("--no-flush", action="store_true", help="keep the caches warm between calls")
+    ap.add_argument("--points", default="tiny,K1,K2", help="comma list of tiny, K1, K2")
+    a = ap.parse_args()
+    rng = np.random.default_rng(1)
+    flush = None if a.no_flush else Flusher()
+    wanted = a.points.split(",")
+    print(f"cascade {cascade.__version__}, numpy {np.__version__}, torch {torch.__version__ if torch else 'absent'}, "
+          f"{os.cpu_count()} CPUs, caches {'warm' if a.no_flush else 'flushed before every call'}\n")
+    print("| point | variant | C++ ms | Python ms | Python / C++ | overhead us |")
+    print("|---|---|---|---|---|---|")
+    for name, shape, batch, prefix, own in POINTS:
+        if name not in wanted:
+            continue
+        med = time_point(name, shape, batch, prefix, own, a.reps, flush, rng)
+        cpp = med.pop("C++")
+        for label, t in med.items():
+            print(f"| {name} | {label} | {cpp * 1e3:.4f} | {t * 1e3:.4f} | {t / cpp:.3f} | {(t - cpp) * 1e6:.1f} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

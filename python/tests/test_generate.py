@@ -1,0 +1,130 @@
+"""Model.generate on the real SmolLM2-135M model (fetched by scripts/setup.sh; skipped without it)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import cascade
+from conftest import MODEL
+
+pytestmark = pytest.mark.skipif(not MODEL.exists(), reason=f"{MODEL} is missing (bash scripts/setup.sh fetches it)")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return cascade.Model(MODEL)
+
+
+def test_generate_returns_texts_tokens_and_timings(model):
+    assert model.hparams["n_layer"] == 30 and model.hparams["head_dim"] == 64
+    prompts = ["The capital of France is", "The capital of France is a city"]
+    r = model.generate(prompts, n=3, max_tokens=12, temperature=0.7, seed=5, attn="cascade")
+    assert len(r.texts) == len(r.tokens) == len(r.stop) == 6 and r.prompt == [0, 0, 0, 1, 1, 1]
+    for text, ids, stop in zip(r.texts, r.tokens, r.stop):
+        assert text == model.detokenize(ids)
+        assert stop in ("eog", "length") and len(ids) <= 12 and (stop == "eog" or len(ids) == 12)
+    assert r.n_prompt_tokens == sum(len(model.tokenize(p)) for p in prompts)
+    assert r.n_prompt_stored < r.n_prompt_tokens  # the shared beginning is stored once
+    t = r.timings
+    assert t["prompt_ms"] > 0 and len(t["step_ms"]) >= 1 and t["decode_ms"] == pytest.approx(sum(t["step_ms"]))
+    assert r.seed == 5 and r.cost_model is None
+    again = model.generate(prompts, n=3, max_tokens=12, temperature=0.7, seed=5, attn="cascade")
+    assert again.tokens == r.tokens  # same seed, same tokens
+
+
+def test_greedy_is_the_same_for_every_method(model):
+    runs = {m: model.generate("Once upon a time", n=2, max_tokens=8, temperature=0, attn=m, ignore_eos=True)
+            for m in ("cascade", "split", "unified", "auto")}
+    tokens = {m: r.tokens for m, r in runs.items()}
+    assert all(len(t) == 8 for t in tokens["cascade"])
+    assert tokens["split"] == tokens["cascade"] and tokens["unified"] == tokens["cascade"], tokens
+    assert tokens["auto"] == tokens["cascade"], tokens
+    assert isinstance(runs["auto"].cost_model, cascade.CostModel)
+    profile = runs["auto"].cost_model
+    r = model.generate("Once upon a time", n=2, max_tokens=8, temperature=0, attn="auto", cost_model=profile)
+    assert r.tokens == tokens["cascade"] and r.timings["calibrate_ms"] == 0
+
+
+def test_chat_and_context_limit(model):
+    r = model.generate("Say hello.", n=1, max_tokens=4, temperature=0, chat=True)
+    assert len(r.tokens[0]) <= 4
+    n_prompt = len(model.tokenize("Hello there"))
+    r = model.generate("Hello there", n=2, max_tokens=100, n_ctx=n_prompt + 3, temperature=0, ignore_eos=True)
+    assert r.stop == ["context", "context"] and all(len(t) == 3 for t in r.tokens)
+
+
+def test_gil_is_released_while_generating(model):
+    ticks = 0
+    done = threading.Event()
+
+    def count():
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            time.sleep(0.001)
+
+    t = threading.Thread(target=count)
+    t.start()
+    try:
+        start = ticks
+        r = model.generate("Once upon a time", n=2, max_tokens=24, temperature=0, ignore_eos=True, attn="cascade")
+        during = ticks - start
+    finally:
+        done.set()
+        t.join()
+    elapsed_ms = r.timings["prompt_ms"] + r.timings["decode_ms"]
+    # With the GIL held throughout, the counting thread would not run at all during generate().
+    assert during >= max(3, elapsed_ms / 1000 / 0.001 * 0.1), (during, elapsed_ms)
+
+
+def test_ctrl_c_stops_generation_cleanly():
+    script = textwrap.dedent(f"""
+        import sys, time, cascade
+        m = cascade.Model({str(MODEL)!r})
+        print("ready", flush=True)
+        t0 = time.time()
+        try:
+            m.generate("Once upon a time", n=2, max_tokens=100000, n_ctx=2048, ignore_eos=True, attn="cascade")
+            print("not interrupted", flush=True)
+        except KeyboardInterrupt:
+            print(f"interrupted after {{time.time() - t0:.1f}} s", flush=True)
+        r = m.generate("Once upon a time", n=1, max_tokens=3, temperature=0, ignore_eos=True)
+        print("still usable", len(r.tokens[0]), flush=True)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env)
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("interrupted after") and lines[1] == "still usable 3", out
+
+
+def test_bad_arguments(model):
+    with pytest.raises(ValueError, match=r"^attn: unknown attention method 'fast'"):
+        model.generate("x", attn="fast")
+    with pytest.raises(ValueError, match=r"^n: sequences per prompt must be >= 1"):
+        model.generate("x", n=0)
+    with pytest.raises(ValueError, match=r"^prompts\[1\]: the prompt is empty"):
+        model.generate(["x", ""])
+    with pytest.raises(TypeError, match=r"^prompts: expected a str or a list of str"):
+        model.generate([1, 2])
+    with pytest.raises(ValueError, match=r"^top-p must be in \[0, 1\]"):
+        model.generate("x", top_p=2.0)
+    with pytest.raises(ValueError, match=r"more than the context"):
+        model.generate("one two three four five six", n_ctx=3)
+    with pytest.raises(ValueError, match=r"^kv_type: expected"):
+        model.generate("x", kv_type="int4")
+    with pytest.raises(ValueError, match=r"^cost_model: given with attn='cascade'"):
+        model.generate("x", attn="cascade", cost_model=cascade.CostModel.parse("cascade-cost-model 1\n"))
+    with pytest.raises(ValueError, match=r"cannot open|No such file|cannot read"):
+        cascade.Model("/nonexistent/model.gguf")

@@ -1,0 +1,22 @@
+"""What `pip install .` relies on: the version pyproject.toml reads from CMakeLists.txt is the module's."""
+
+import re
+import sys
+
+import pytest
+
+import cascade
+from conftest import ROOT
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib is Python 3.11+")
+def test_version_comes_from_the_cmake_project():
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    meta = cfg["tool"]["scikit-build"]["metadata"]["version"]
+    match = re.search(meta["regex"], (ROOT / meta["input"]).read_text())
+    assert match, "pyproject.toml's version regex no longer matches CMakeLists.txt"
+    assert match.group("value") == cascade.__version__
+    for pkg in cfg["tool"]["scikit-build"]["wheel"]["packages"]:
+        assert (ROOT / pkg / "__init__.py").exists()
