@@ -34,7 +34,8 @@ struct Torch {
 const Torch& torch_objects() {
   static Torch t;
   if (t.tensor) return t;
-  PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
+  static PyObject* const s_torch = PyUnicode_InternFromString("torch");  // kept for the process's life
+  PyObject* torch = PyDict_GetItem(PyImport_GetModuleDict(), s_torch);  // borrowed
   if (!torch) return t;
   Torch found;
   found.f32 = PyObject_GetAttrString(torch, "float32");

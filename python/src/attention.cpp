@@ -81,14 +81,15 @@ void kv_views(const Tree& tree, nb::handle k, nb::handle v, KvArgs& out) {
   if (is_list(k) != is_list(v))
     type_error("v: ", is_list(k) ? "expected a list of arrays, as k is" : "expected one array, as k is");
   if (is_list(k)) {
-    const nb::sequence ks = nb::borrow<nb::sequence>(k), vs = nb::borrow<nb::sequence>(v);
-    if (nb::len(ks) != size_t(n_seg)) value_error("k: ", nb::len(ks), " arrays for a plan of ", n_seg, " segments");
-    if (nb::len(vs) != size_t(n_seg)) value_error("v: ", nb::len(vs), " arrays for a plan of ", n_seg, " segments");
+    const Py_ssize_t nk = PySequence_Fast_GET_SIZE(k.ptr()), nv = PySequence_Fast_GET_SIZE(v.ptr());
+    if (nk != n_seg) value_error("k: ", nk, " arrays for a plan of ", n_seg, " segments");
+    if (nv != n_seg) value_error("v: ", nv, " arrays for a plan of ", n_seg, " segments");
     out.arrays.reserve(size_t(2 * n_seg));
     for (int g = 0; g < n_seg; ++g) {
       const Name kn{"k", g}, vn{"v", g};
-      out.arrays.push_back(as_array(ks[size_t(g)], kn));
-      out.arrays.push_back(as_array(vs[size_t(g)], vn));
+      // Borrowed items: the list (or tuple) holds them for the call's duration, the ArrayRefs beyond it.
+      out.arrays.push_back(as_array(PySequence_Fast_GET_ITEM(k.ptr(), g), kn));
+      out.arrays.push_back(as_array(PySequence_Fast_GET_ITEM(v.ptr(), g), vn));
       const ArrayRef& ka = out.arrays[out.arrays.size() - 2];
       const ArrayRef& va = out.arrays.back();
       const DType dk = check_kv_array(ka, shape, tree.n_tokens(g), kn);

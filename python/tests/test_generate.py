@@ -85,12 +85,14 @@ def test_gil_is_released_while_generating(model):
 
 def test_ctrl_c_stops_generation_cleanly():
     script = textwrap.dedent(f"""
-        import sys, time, cascade
+        import signal, sys, time, cascade
+        # Python ignores SIGINT when it starts with SIGINT ignored (a background job): handle it as a terminal would.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         m = cascade.Model({str(MODEL)!r})
         print("ready", flush=True)
         t0 = time.time()
         try:
-            m.generate("Once upon a time", n=2, max_tokens=100000, n_ctx=2048, ignore_eos=True, attn="cascade")
+            m.generate("Once upon a time", n=2, max_tokens=100000, n_ctx=1024, ignore_eos=True, attn="cascade")
             print("not interrupted", flush=True)
         except KeyboardInterrupt:
             print(f"interrupted after {{time.time() - t0:.1f}} s", flush=True)
