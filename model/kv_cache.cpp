@@ -44,6 +44,17 @@ void KvCache::append_raw(KvBuffer& b, const KvBuffer& src) const {
   b.n += src.n;
 }
 
+void KvCache::append_view(KvBuffer& b, const KvView& src) const {
+  const size_t bytes = size_t(src.n_tokens * row_bytes()), at = size_t(b.n * row_bytes());
+  b.k.resize(at + bytes);
+  b.v.resize(at + bytes);
+  if (bytes) {
+    std::memcpy(b.k.data() + at, src.k, bytes);
+    std::memcpy(b.v.data() + at, src.v, bytes);
+  }
+  b.n += src.n_tokens;
+}
+
 void KvCache::append(KvBuffer& b, const float* k, const float* v, int64_t n) const {
   const int64_t m = n * shape_.n_kv_heads * shape_.head_dim;
   const size_t at = size_t(b.n * row_bytes()), bytes = size_t(n * row_bytes());
@@ -138,14 +149,28 @@ int TreeCache::split(int seg, int64_t n_keep) {
     from.v.resize(keep);
     from.n = n_keep;
   }
-  // The tail takes over seg's other children.
-  for (int c = 0; c < int(segs_.size()); ++c) {
-    if (c == tail || !segs_[size_t(c)].live || segs_[size_t(c)].parent != seg) continue;
-    segs_[size_t(c)].parent = tail;
-    ++t.n_children;
-    --head.n_children;
-  }
+  hand_children(seg, tail);
   return tail;
+}
+
+int TreeCache::split_ahead(int seg, int64_t n_keep) {
+  check_seg(seg);
+  const int64_t n = n_tokens(seg);
+  CASCADE_CHECK(n_keep > 0 && n_keep >= n, "KV cache: cannot split segment ", seg, " of ", n,
+                " tokens ahead of its tokens after ", n_keep);
+  const int tail = add_segment(seg, segs_[size_t(seg)].start + n_keep);
+  hand_children(seg, tail);
+  return tail;
+}
+
+// The tail of a split takes over the head's other children.
+void TreeCache::hand_children(int from, int to) {
+  for (int c = 0; c < int(segs_.size()); ++c) {
+    if (c == to || !segs_[size_t(c)].live || segs_[size_t(c)].parent != from) continue;
+    segs_[size_t(c)].parent = to;
+    ++segs_[size_t(to)].n_children;
+    --segs_[size_t(from)].n_children;
+  }
 }
 
 int TreeCache::parent(int seg) const {
@@ -287,6 +312,7 @@ int64_t TreeCache::stored_tokens() const {
 UnifiedCache::UnifiedCache(TreeCache&& tree, const std::vector<int>& seq_leaf)
     : KvCache(tree.n_layer(), tree.shape(), tree.dtype()), n_seq_(int(seq_leaf.size())) {
   n_words_ = std::max<int64_t>(1, (n_seq_ + 63) / 64);
+  live_.assign(size_t(n_seq_), 1);
   // The sequences that see each segment, segments in order of first sight.
   std::vector<int> order;
   std::vector<std::vector<int>> seqs_of;
@@ -305,18 +331,7 @@ UnifiedCache::UnifiedCache(TreeCache&& tree, const std::vector<int>& seq_leaf)
   buf_.assign(size_t(n_layer_), KvBuffer{});
   for (int g : order) {
     const int64_t n = tree.n_tokens(g);
-    for (int il = 0; il < n_layer_; ++il) {
-      const KvView src = tree.view(g, il);
-      KvBuffer& b = buf_[size_t(il)];
-      const size_t at = size_t(b.n * row_bytes()), bytes = size_t(n * row_bytes());
-      b.k.resize(at + bytes);
-      b.v.resize(at + bytes);
-      if (bytes) {
-        std::memcpy(b.k.data() + at, src.k, bytes);
-        std::memcpy(b.v.data() + at, src.v, bytes);
-      }
-      b.n += n;
-    }
+    for (int il = 0; il < n_layer_; ++il) append_view(buf_[size_t(il)], tree.view(g, il));
     for (int64_t t = 0; t < n; ++t) {
       key_pos_.push_back(int32_t(tree.start(g) + t));
       const size_t w0 = key_seqs_.size();
@@ -326,12 +341,96 @@ UnifiedCache::UnifiedCache(TreeCache&& tree, const std::vector<int>& seq_leaf)
   }
 }
 
+UnifiedCache::UnifiedCache(int n_layer, const HeadShape& shape, DType dtype, int max_sequences)
+    : KvCache(n_layer, shape, dtype), n_seq_(max_sequences) {
+  CASCADE_CHECK(max_sequences > 0 && max_sequences <= 64 * 1024, "KV cache: a unified buffer holds 1 to 65536 sequences (got ",
+                max_sequences, ")");
+  n_words_ = (n_seq_ + 63) / 64;
+  live_.assign(size_t(n_seq_), 0);
+  for (int s = n_seq_ - 1; s >= 0; --s) free_ids_.push_back(s);
+  buf_.assign(size_t(n_layer_), KvBuffer{});
+}
+
+std::vector<int> UnifiedCache::add_sequences(const TreeCache& tree, int leaf, int n) {
+  CASCADE_CHECK(n > 0 && size_t(n) <= free_ids_.size(), "KV cache: ", n, " new sequences, but ", free_ids_.size(),
+                " of ", n_seq_, " ids are free");
+  CASCADE_CHECK(tree.n_layer() == n_layer_ && tree.dtype() == dtype_ &&
+                    tree.shape().n_kv_heads == shape_.n_kv_heads && tree.shape().head_dim == shape_.head_dim,
+                "KV cache: the tree's layout differs from the unified buffer's");
+  std::vector<int> ids(static_cast<size_t>(n));
+  for (int& id : ids) {
+    id = free_ids_.back();
+    free_ids_.pop_back();
+    live_[size_t(id)] = 1;
+  }
+  for (int g : tree.path(leaf)) {
+    for (int il = 0; il < n_layer_; ++il) append_view(buf_[size_t(il)], tree.view(g, il));
+    for (int64_t t = 0; t < tree.n_tokens(g); ++t) {
+      key_pos_.push_back(int32_t(tree.start(g) + t));
+      const size_t w0 = key_seqs_.size();
+      key_seqs_.resize(w0 + size_t(n_words_), 0);
+      for (int id : ids) key_seqs_[w0 + size_t(id / 64)] |= uint64_t(1) << (id % 64);
+    }
+  }
+  return ids;
+}
+
+void UnifiedCache::remove_sequence(int seq) {
+  CASCADE_CHECK(live(seq), "KV cache: sequence ", seq, " is not in the unified buffer");
+  live_[size_t(seq)] = 0;
+  free_ids_.push_back(seq);
+  const size_t w = size_t(seq / 64);
+  const uint64_t bit = uint64_t(1) << (seq % 64);
+  const int64_t n_keys = int64_t(key_pos_.size());
+  for (int64_t t = 0; t < n_keys; ++t) {
+    uint64_t* words = key_seqs_.data() + t * n_words_;
+    if (!(words[w] & bit)) continue;
+    words[w] &= ~bit;
+    bool dead = true;
+    for (int64_t i = 0; i < n_words_ && dead; ++i) dead = words[i] == 0;
+    n_dead_ += dead;
+  }
+  if (n_dead_ > 0 && 2 * n_dead_ >= n_keys) compact();
+}
+
+// Keeps the keys some live sequence sees, in order.
+void UnifiedCache::compact() {
+  const int64_t n_keys = int64_t(key_pos_.size());
+  const size_t rb = size_t(row_bytes());
+  int64_t out = 0;
+  for (int64_t t = 0; t < n_keys; ++t) {
+    const uint64_t* words = key_seqs_.data() + t * n_words_;
+    bool seen = false;
+    for (int64_t i = 0; i < n_words_ && !seen; ++i) seen = words[i] != 0;
+    if (!seen) continue;
+    if (out != t) {
+      for (KvBuffer& b : buf_) {
+        std::memmove(b.k.data() + size_t(out) * rb, b.k.data() + size_t(t) * rb, rb);
+        std::memmove(b.v.data() + size_t(out) * rb, b.v.data() + size_t(t) * rb, rb);
+      }
+      std::copy_n(words, n_words_, key_seqs_.data() + out * n_words_);
+      key_pos_[size_t(out)] = key_pos_[size_t(t)];
+    }
+    ++out;
+  }
+  for (KvBuffer& b : buf_) {
+    b.n = out;
+    b.k.resize(size_t(out) * rb);
+    b.v.resize(size_t(out) * rb);
+    b.k.shrink_to_fit();
+    b.v.shrink_to_fit();
+  }
+  key_seqs_.resize(size_t(out * n_words_));
+  key_pos_.resize(size_t(out));
+  n_dead_ = 0;
+}
+
 void UnifiedCache::begin_step(const std::vector<Entry>& entries) {
   count_rows(entries);
   row_seq_.clear();
   row_pos_.clear();
   for (const Entry& e : entries) {
-    CASCADE_CHECK(e.id >= 0 && e.id < n_seq_, "KV cache: step names sequence ", e.id, " of ", n_seq_);
+    CASCADE_CHECK(live(e.id), "KV cache: step names sequence ", e.id, " of ", n_seq_, ", which is not live");
     for (int64_t i = 0; i < e.n_rows; ++i) {
       row_seq_.push_back(e.id);
       row_pos_.push_back(int32_t(e.pos + i));
@@ -361,6 +460,43 @@ void UnifiedCache::attend(int il, const float* q, float* o) {
   b.row_seq = row_seq_.data();
   b.row_pos = row_pos_.data();
   cpu::run_unified(plan_, b, q, o);
+}
+
+// --- JoinedCache ---
+
+JoinedCache::JoinedCache(KvCache& first, KvCache& second)
+    : KvCache(first.n_layer(), first.shape(), first.dtype()), first_(first), second_(second) {
+  CASCADE_CHECK(second.n_layer() == first.n_layer() && second.dtype() == first.dtype() &&
+                    second.shape().n_q_heads == first.shape().n_q_heads &&
+                    second.shape().n_kv_heads == first.shape().n_kv_heads &&
+                    second.shape().head_dim == first.shape().head_dim,
+                "KV cache: joined caches must have the same layers, head shape and K/V type");
+}
+
+void JoinedCache::begin_steps(const std::vector<Entry>& first, const std::vector<Entry>& second) {
+  n_first_ = n_second_ = 0;
+  step_rows_ = 0;
+  if (!first.empty()) {
+    first_.begin_step(first);
+    n_first_ = first_.step_rows();
+  }
+  if (!second.empty()) {
+    second_.begin_step(second);
+    n_second_ = second_.step_rows();
+  }
+  step_rows_ = n_first_ + n_second_;
+}
+
+void JoinedCache::store(int il, const float* k, const float* v) {
+  const int64_t off = n_first_ * shape_.n_kv_heads * shape_.head_dim;
+  if (n_first_) first_.store(il, k, v);
+  if (n_second_) second_.store(il, k + off, v + off);
+}
+
+void JoinedCache::attend(int il, const float* q, float* o) {
+  const int64_t off = n_first_ * shape_.n_q_heads * shape_.head_dim;
+  if (n_first_) first_.attend(il, q, o);
+  if (n_second_) second_.attend(il, q + off, o + off);
 }
 
 // --- the methods ---

@@ -83,6 +83,7 @@ class KvCache {
   int64_t row_bytes() const { return int64_t(shape_.n_kv_heads) * shape_.head_dim * dtype_size(dtype_); }
   void append(KvBuffer& b, const float* k, const float* v, int64_t n) const;  // converts to the cache's type
   void append_raw(KvBuffer& b, const KvBuffer& src) const;                     // src's rows as they are
+  void append_view(KvBuffer& b, const KvView& src) const;                      // a dense view of this cache's type
   KvView view(const KvBuffer& b) const;
   int64_t count_rows(const std::vector<Entry>& entries);  // sets step_rows_
 
@@ -105,6 +106,9 @@ class TreeCache final : public KvCache {
   // Splits seg after its first n_keep tokens: the rest move to a new child that takes over seg's children
   // (a radix tree's split when a new prefix diverges inside seg). Returns the new child's id.
   int split(int seg, int64_t n_keep);
+  // The same split where seg holds at most n_keep tokens yet (it is still being filled): seg keeps what it holds
+  // and will hold tokens up to start + n_keep; a new empty child starting there takes over seg's children.
+  int split_ahead(int seg, int64_t n_keep);
   // Appends to dst, in every layer, the K/V of every segment on leaf's path (root first). dst must be an
   // empty root.
   void copy_path(int dst, int leaf);
@@ -112,6 +116,7 @@ class TreeCache final : public KvCache {
   void release(int seg);
 
   bool live(int seg) const { return seg >= 0 && seg < int(segs_.size()) && segs_[size_t(seg)].live; }
+  int n_ids() const { return int(segs_.size()); }  // segment ids are below this
   int parent(int seg) const;
   int n_children(int seg) const;
   int64_t n_tokens(int seg) const;       // tokens stored (equal in every layer between steps)
@@ -141,6 +146,7 @@ class TreeCache final : public KvCache {
     std::vector<KvBuffer> layers;  // (n_layer)
   };
   void check_seg(int seg) const;
+  void hand_children(int from, int to);  // every child of `from` but `to` moves below `to`
   Tree step_tree(const std::vector<Entry>& entries);
 
   bool regroup_;
@@ -161,22 +167,57 @@ class UnifiedCache final : public KvCache {
   // Moves every token of `tree` that sequence s (s < seq_leaf.size()) sees on seq_leaf[s]'s path into one
   // buffer per layer, each segment once. The tree is consumed.
   UnifiedCache(TreeCache&& tree, const std::vector<int>& seq_leaf);
+  // An empty buffer for at most max_sequences sequences at once, which come and go (add_sequences,
+  // remove_sequence): a server's unified K/V, as llama.cpp keeps its slots in one buffer.
+  UnifiedCache(int n_layer, const HeadShape& shape, DType dtype, int max_sequences);
 
-  int n_sequences() const { return n_seq_; }
+  int n_sequences() const { return n_seq_; }  // ids are in [0, n_sequences())
+  bool live(int seq) const { return seq >= 0 && seq < n_seq_ && live_[size_t(seq)]; }
+  // Copies the K/V of every segment on leaf's path in `tree` (root first) into the buffer once, seen by n new
+  // sequences that continue from there; returns their ids. Error when fewer than n ids are free.
+  std::vector<int> add_sequences(const TreeCache& tree, int leaf, int n);
+  // The sequence stops seeing its keys and its id is free again; keys no sequence sees are dropped once they
+  // outnumber the others (the buffer is compacted between steps).
+  void remove_sequence(int seq);
+
   // Entries name sequences; each one's first row sits at pos.
   void begin_step(const std::vector<Entry>& entries) override;
   void store(int il, const float* k, const float* v) override;
   void attend(int il, const float* q, float* o) override;
+  // Keys held, including keys no sequence sees any more that wait for the next compaction.
   int64_t stored_tokens() const override { return buf_.empty() ? 0 : buf_[0].n; }
 
  private:
+  void compact();
+
   int n_seq_ = 0;
   int64_t n_words_ = 1;
+  std::vector<char> live_;          // (n_seq)
+  std::vector<int> free_ids_;
+  int64_t n_dead_ = 0;              // keys no live sequence sees
   std::vector<KvBuffer> buf_;       // (n_layer)
   std::vector<uint64_t> key_seqs_;  // (keys, n_words)
   std::vector<int32_t> key_pos_;    // (keys)
   std::vector<int32_t> row_seq_, row_pos_;  // the current step's rows
   cpu::UnifiedPlan plan_;
+};
+
+// Two caches in one step: the step's first rows are the first cache's, the rest the second's (a server step that
+// prefills prompts into its tree while it decodes sequences held in a unified buffer). Neither is owned.
+class JoinedCache final : public KvCache {
+ public:
+  JoinedCache(KvCache& first, KvCache& second);  // same layers, head shape and K/V type
+  // Begins the step in each cache that gets rows (a cache without entries sits the step out).
+  void begin_steps(const std::vector<Entry>& first, const std::vector<Entry>& second);
+  void begin_step(const std::vector<Entry>& entries) override { begin_steps(entries, {}); }
+  void store(int il, const float* k, const float* v) override;
+  void attend(int il, const float* q, float* o) override;
+  int64_t stored_tokens() const override { return first_.stored_tokens() + second_.stored_tokens(); }
+
+ private:
+  KvCache& first_;
+  KvCache& second_;
+  int64_t n_first_ = 0, n_second_ = 0;
 };
 
 // --- what each --attn method means (the one place) ---
