@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(cmake g++ make pkg-config libeigen3-dev libtbb-dev doctest-dev libutf8proc-dev
+      libcpp-httplib-dev nlohmann-json3-dev  # cascade-server: HTTP and JSON
+      python3-pip                            # the server's tests drive it with the openai package
       clang libclang-rt-dev  # clang + its runtimes: libFuzzer and the sanitizers (scripts/fuzz.sh)
       python3-dev python3-venv)  # the Python module (pip install ., scripts/test.sh's virtual environment)
 missing=()
@@ -17,6 +19,13 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The official OpenAI client, which the server's tests (tests/server_http_test.py) talk to it with. Debian's own
+# Python refuses pip installs into the system (PEP 668) unless told this is meant.
+if ! python3 -c "import openai" >/dev/null 2>&1; then
+  echo "setup: installing the openai Python package" >&2
+  python3 -m pip install --quiet --break-system-packages "openai==3.57.0" >/dev/null
 fi
 
 [[ "${1:-}" == "--no-model" ]] && exit 0

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The serving benchmark: cascade-server with each attention method, and llama.cpp's own server (llama-server) with
+# the same model and slots, under the same load (bench/serve_bench.py): N clients sharing a system prompt of P
+# tokens, each request adding a short question and asking for T tokens, streamed.
+#
+#   bench/serving.sh [--quick] [--llama-server PATH] [--clients N] [--system P] [--max-tokens T]
+#                    [--duration S] [--rates "R1 R2"] [--methods "cascade split unified auto"] OUTDIR
+#
+# Per server: a closed loop of N clients for S seconds, Poisson arrivals at each rate for S seconds, and a
+# time-to-first-token probe (a system prompt the server has not seen, then the same one again: cached vs not).
+# Writes OUTDIR/results.jsonl (one JSON object per run), OUTDIR/summary.md and OUTDIR/serving.png
+# (bench/serving_report.py), and each server's log. --quick: a small, short run (a smoke test).
+# Timing runs belong under the exclusive CPU lock: flock -x -w 900 /work/locks/cpu.lock bench/serving.sh ...
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+clients=16 system=1000 max_tokens=256 duration=120 rates="1 2" methods="cascade split unified auto"
+llama_server="" quick=0
+while (($#)); do
+  case "$1" in
+    --quick) quick=1; clients=4 system=200 max_tokens=16 duration=8 rates="2" methods="cascade auto" ;;
+    --llama-server) llama_server="$2"; shift ;;
+    --clients) clients="$2"; shift ;;
+    --system) system="$2"; shift ;;
+    --max-tokens) max_tokens="$2"; shift ;;
+    --duration) duration="$2"; shift ;;
+    --rates) rates="$2"; shift ;;
+    --methods) methods="$2"; shift ;;
+    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
+    -*) echo "serving.sh: unknown option $1" >&2; exit 2 ;;
+    *) break ;;
+  esac
+  shift
+done
+(($# == 1)) || { echo "usage: bench/serving.sh [options] OUTDIR (see --help)" >&2; exit 2; }
+out="$1"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+server="$root/build/tools/cascade-server"
+tokenize="$root/build/tools/cascade-tokenize"
+for f in "$model" "$server" "$tokenize"; do
+  [[ -e "$f" ]] || { echo "serving.sh: $f is missing (scripts/setup.sh, then build)" >&2; exit 1; }
+done
+threads=$(nproc)
+ctx=$((system + 64 + max_tokens))  # positions per sequence: prompt, question, output
+results="$out/results.jsonl"
+: > "$results"
+
+# The token ids every server gets: the first P tokens of the study's prompt, and 64 questions.
+python3 - "$tokenize" "$model" "$root/bench/prompt-1230.txt" "$system" "$out/prompt-ids.json" <<'PY'
+import json, subprocess, sys
+tokenize, model, text_file, n, dst = sys.argv[1:6]
+ids = lambda text, *flags: [int(t) for t in subprocess.check_output([tokenize, "-m", model, "-p", text, "--ids", *flags]).split()]
+text = open(text_file).read()
+while len(ids(text)) < int(n):
+    text += " " + text
+system = ids(text)[: int(n)]
+questions = [ids(f"\nQuestion {i}: who in this story is the {i}th person to appear, and what do they do?\nAnswer:",
+                 "--no-bos") for i in range(64)]
+json.dump({"system": system, "questions": questions}, open(dst, "w"))
+PY
+
+log() { echo "serving.sh: $*" >&2; }
+bench() {  # LABEL PORT PID EXTRA-ARGS...
+  local label="$1" port="$2" pid="$3"
+  shift 3
+  python3 "$root/bench/serve_bench.py" --url "http://127.0.0.1:$port" --prompt-ids "$out/prompt-ids.json" \
+    --max-tokens "$max_tokens" --pid "$pid" --label "$label" "$@" >> "$results"
+}
+run_all() {  # NAME PORT PID
+  local name="$1" port="$2" pid="$3"
+  log "$name: closed loop, $clients clients, ${duration}s"
+  bench "$name closed" "$port" "$pid" --clients "$clients" --duration "$duration" --warmup-requests 2
+  for r in $rates; do
+    log "$name: Poisson, $r requests/s, ${duration}s"
+    bench "$name poisson-$r" "$port" "$pid" --rate "$r" --duration "$duration" --warmup-requests 0
+  done
+  log "$name: time to first token, cached and not"
+  bench "$name ttft" "$port" "$pid" --ttft-probe 5
+}
+stop() {  # PID
+  kill -TERM "$1" 2>/dev/null || true
+  for _ in $(seq 600); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
+  kill -KILL "$1" 2>/dev/null || true
+}
+
+for m in $methods; do
+  "$server" -m "$model" --port 0 -np "$clients" -c "$ctx" -t "$threads" --attn "$m" --queue 1024 \
+    2> "$out/cascade-server-$m.log" &
+  pid=$!
+  port=""
+  for _ in $(seq 600); do
+    port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out/cascade-server-$m.log")
+    [[ -n "$port" ]] && break
+    kill -0 $pid 2>/dev/null || { log "cascade-server --attn $m did not start: $(tail -1 "$out/cascade-server-$m.log")"; exit 1; }
+    sleep 0.1
+  done
+  run_all "cascade-$m" "$port" "$pid"
+  stop "$pid"
+done
+
+if [[ -n "$llama_server" ]]; then
+  # llama-server's slots: -c is shared by the -np slots; its own prompt cache keeps the system prompt.
+  for variant in split unified; do
+    flags=(-np "$clients" -c $((clients * ctx)) -t "$threads" --host 127.0.0.1)
+    [[ $variant == unified ]] && flags+=(-kvu) || flags+=(-no-kvu)
+    port=$(python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+    "$llama_server" -m "$model" --port "$port" "${flags[@]}" > "$out/llama-server-$variant.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1200); do
+      python3 -c "import urllib.request, sys; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" \
+        >/dev/null 2>&1 && break
+      kill -0 $pid 2>/dev/null || { log "llama-server ($variant) did not start: see $out/llama-server-$variant.log"; exit 1; }
+      sleep 0.1
+    done
+    run_all "llama-server-$variant" "$port" "$pid"
+    stop "$pid"
+  done
+fi
+
+python3 "$root/bench/serving_report.py" "$out" \
+  --title "$clients clients, $system-token shared system prompt, $max_tokens tokens out, $(nproc) threads"
+log "done: $out/summary.md, $out/serving.png"

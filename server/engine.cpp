@@ -1,0 +1,688 @@
+#include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
+
+#include "server/engine.hpp"
+
+#include <tbb/info.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "cascade/cpu/calibrate.hpp"
+#include "cascade/error.hpp"
+
+namespace cascade::server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+struct Engine::Arena {
+  tbb::task_arena arena;
+  explicit Arena(int n) : arena(n > 0 ? n : tbb::task_arena::automatic) {}
+};
+
+struct Engine::Sequence {
+  int index = 0;  // the choice
+  int id = -1;    // its tree segment (cascade, auto, split) or unified sequence
+  Sampler sampler;
+  StopText text;
+  int32_t last = -1;  // the last sampled token, which the next step feeds
+  int64_t pos = 0;    // its position
+  int n_tokens = 0;   // generated, end-of-generation tokens not counted
+  bool done = false;
+  Sequence(int index, const SamplerParams& p, std::vector<std::string> stop)
+      : index(index), sampler(p, uint64_t(index)), text(std::move(stop)) {}
+};
+
+struct Engine::Active {
+  std::shared_ptr<Ticket> ticket;
+  GenRequest req;
+  int s0 = -1;            // the request's own segment: the last prompt token, below the prompt's node
+  bool pinned = false;    // the prompt's path in the prefix tree is pinned (through s0's parent)
+  bool s0_planned = false;
+  bool started = false;   // its sequences run
+  int64_t n_cached = 0;   // prompt tokens found in the tree
+  int64_t reserved = 0;   // K/V tokens reserved for its own segments
+  std::vector<Sequence> seqs;
+  int n_live = 0;         // sequences running (started) or to start
+  int n_generated = 0;
+  std::vector<Event> events;  // pushed to the ticket after the step
+  bool ended = false;
+};
+
+struct Engine::StepBatch {
+  std::vector<KvCache::Entry> tree_entries, unified_entries;
+  std::vector<int32_t> tree_tokens, tree_pos, unified_tokens, unified_pos;
+  struct Out {
+    Active* a;
+    int seq;  // a sequence's index in a.seqs, or -1: the last prompt token (the choices' first tokens)
+    bool unified;
+    int64_t row;  // in its part
+  };
+  std::vector<Out> outs;
+  int64_t n_prefill = 0;
+};
+
+void EngineConfig::validate() const {
+  CASCADE_CHECK(n_parallel >= 1, "the number of parallel sequences must be >= 1 (got ", n_parallel, ")");
+  CASCADE_CHECK(n_ctx >= 0, "the context size must be >= 0 (got ", n_ctx, ")");
+  CASCADE_CHECK(n_threads >= 0, "the number of threads must be >= 0 (got ", n_threads, ")");
+  CASCADE_CHECK(n_batch >= 1, "the prefill batch must be >= 1 token (got ", n_batch, ")");
+  CASCADE_CHECK(max_queue >= 0, "the queue length must be >= 0 (got ", max_queue, ")");
+  CASCADE_CHECK(kv_budget >= 0, "the K/V budget must be >= 0 (got ", kv_budget, ")");
+}
+
+// --- Ticket ---
+
+bool Ticket::wait(std::vector<Event>& out, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return !events_.empty(); });
+  while (!events_.empty()) {
+    out.push_back(std::move(events_.front()));
+    events_.pop_front();
+  }
+  return !ended_;
+}
+
+void Ticket::push(std::vector<Event>& events) {
+  if (events.empty()) return;
+  {
+    std::lock_guard lock(mu_);
+    for (Event& e : events) {
+      ended_ = ended_ || e.kind == Event::Kind::done || e.kind == Event::Kind::error;
+      events_.push_back(std::move(e));
+    }
+  }
+  events.clear();
+  cv_.notify_all();
+}
+
+// --- Engine ---
+
+Engine::Engine(const llama::Model& model, const Tokenizer& tok, EngineConfig config)
+    : model_(model), tok_(tok), cfg_(std::move(config)) {
+  cfg_.validate();
+  const llama::Hparams& hp = model.hparams();
+  CASCADE_CHECK(tok.n_vocab() == hp.n_vocab, "the tokenizer has ", tok.n_vocab(), " tokens, the model ", hp.n_vocab);
+  if (cfg_.n_ctx == 0) cfg_.n_ctx = hp.n_ctx_train;
+  token_bytes_ = hp.n_layer * 2 * hp.n_head_kv * hp.head_dim * int64_t(dtype_size(cfg_.kv_dtype));
+  if (cfg_.kv_budget == 0) cfg_.kv_budget = 2 * int64_t(cfg_.n_parallel) * cfg_.n_ctx * token_bytes_;
+  budget_tokens_ = cfg_.kv_budget / token_bytes_;
+  CASCADE_CHECK(budget_tokens_ >= 2, "the K/V budget of ", cfg_.kv_budget, " bytes holds less than two tokens");
+  arena_ = std::make_unique<Arena>(cfg_.n_threads);
+  tree_ = std::make_unique<TreeCache>(int(hp.n_layer), hp.head_shape(), cfg_.kv_dtype, cfg_.attn == AttnMethod::auto_);
+  if (cfg_.attn == AttnMethod::auto_) {
+    if (!cfg_.cost_model) arena_->arena.execute([&] { cfg_.cost_model = calibrate(cfg_.n_threads, hp.head_shape()); });
+    tree_->set_cost_model(*cfg_.cost_model);
+  }
+  if (cfg_.attn == AttnMethod::unified) {
+    unified_ = std::make_unique<UnifiedCache>(int(hp.n_layer), hp.head_shape(), cfg_.kv_dtype, cfg_.n_parallel);
+    joined_ = std::make_unique<JoinedCache>(*tree_, *unified_);
+  }
+  prefix_ = std::make_unique<PrefixCache>(*tree_);
+  m_.kv_budget = cfg_.kv_budget;
+  m_.step_buckets.assign(std::size(EngineMetrics::kStepBuckets), 0);
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // Whoever still waits learns the request will not finish.
+  for (auto* list : {&incoming_, &waiting_, &active_})
+    for (auto& a : *list) {
+      std::vector<Event> ev{Event{Event::Kind::error, 0, "the server stopped", 503, {}}};
+      a->ticket->push(ev);
+    }
+}
+
+// The K/V tokens a request may add beside its prompt's nodes in the tree (its own segments, at their largest).
+int64_t Engine::reserve_tokens(const GenRequest& r) const {
+  const int64_t n = r.n, gen = r.max_tokens, len = int64_t(r.prompt.size());
+  switch (cfg_.attn) {
+    case AttnMethod::cascade:
+    case AttnMethod::auto_: return 1 + n * gen;
+    case AttnMethod::split: return 1 + n * (len + gen);
+    case AttnMethod::unified: return 1 + len + n * gen;
+  }
+  return 0;
+}
+
+std::string Engine::check(const GenRequest& r) const {
+  const int64_t len = int64_t(r.prompt.size());
+  if (len == 0) return "the prompt has no tokens";
+  if (r.n < 1) return "n must be at least 1";
+  if (r.n > cfg_.n_parallel)
+    return "n is " + std::to_string(r.n) + ", but this server decodes at most " + std::to_string(cfg_.n_parallel) +
+           " sequences at once (-np)";
+  if (r.max_tokens < 0) return "max_tokens must be at least 0";
+  if (len + r.max_tokens > cfg_.n_ctx)
+    return "this model's context is " + std::to_string(cfg_.n_ctx) + " tokens; the prompt has " + std::to_string(len) +
+           " and max_tokens asks for " + std::to_string(r.max_tokens) + " more";
+  for (int32_t t : r.prompt)
+    if (t < 0 || t >= tok_.n_vocab())
+      return "token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(tok_.n_vocab()) + ")";
+  const int64_t need = len - 1 + reserve_tokens(r);
+  if (need > budget_tokens_)
+    return "the request needs the K/V of " + std::to_string(need) + " tokens at most, more than the server's budget of " +
+           std::to_string(budget_tokens_) + " (--kv-budget)";
+  return {};
+}
+
+std::shared_ptr<Ticket> Engine::submit(GenRequest r, Admission* why) {
+  auto a = std::make_unique<Active>();
+  a->ticket = std::make_shared<Ticket>();
+  a->ticket->t_submit = Clock::now();
+  a->req = std::move(r);
+  std::shared_ptr<Ticket> t = a->ticket;
+  {
+    std::lock_guard lock(mu_);
+    if (draining_ || stop_ || n_queued_ >= cfg_.max_queue) {
+      if (why) *why = draining_ || stop_ ? Admission::draining : Admission::queue_full;
+      ++m_.requests_refused;
+      return nullptr;
+    }
+    ++n_queued_;
+    ++m_.requests;
+    m_.queue_depth = n_queued_;
+    incoming_.push_back(std::move(a));
+  }
+  if (why) *why = Admission::queued;
+  cv_.notify_all();
+  return t;
+}
+
+void Engine::start() {
+  CASCADE_CHECK(!thread_.joinable(), "the engine's loop runs already");
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      if (stop_) return;
+    }
+    if (step()) continue;
+    std::unique_lock lock(mu_);
+    // Idle: wake for a new request, a stop, or now and then for cancellations of queued requests.
+    cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return stop_ || !incoming_.empty(); });
+  }
+}
+
+bool Engine::drain(std::chrono::milliseconds timeout) {
+  std::vector<std::unique_ptr<Active>> refused;
+  {
+    std::lock_guard lock(mu_);
+    draining_ = true;
+    refused.swap(incoming_);
+  }
+  // Queued requests that did not start are refused; the loop thread owns waiting_, so they are taken there.
+  for (auto& a : refused) {
+    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}}};
+    a->ticket->push(ev);
+  }
+  {
+    std::lock_guard lock(mu_);
+    n_queued_ -= int(refused.size());
+  }
+  const auto deadline = Clock::now() + timeout;
+  bool finished = false;
+  while (Clock::now() < deadline) {
+    {
+      std::lock_guard lock(mu_);
+      finished = m_.active_requests == 0 && n_queued_ == 0 && incoming_.empty();
+    }
+    if (finished) break;
+    if (!thread_.joinable()) step();
+    else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  for (auto& a : waiting_) {
+    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}}};
+    a->ticket->push(ev);
+  }
+  waiting_.clear();
+  for (auto& a : active_)
+    if (!a->ended) end_request(*a, "the server shut down before the request finished", 503);
+  finish_requests();
+  publish_metrics(-1);
+  return finished;
+}
+
+void Engine::take_new() {
+  std::vector<std::unique_ptr<Active>> fresh;
+  {
+    std::lock_guard lock(mu_);
+    fresh.swap(incoming_);
+  }
+  for (auto& a : fresh) waiting_.push_back(std::move(a));
+  bool draining;
+  {
+    std::lock_guard lock(mu_);
+    draining = draining_;
+  }
+  if (!draining || waiting_.empty()) return;
+  for (auto& a : waiting_) {  // queued requests that did not start are refused
+    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}}};
+    a->ticket->push(ev);
+  }
+  std::lock_guard lock(mu_);
+  n_queued_ -= int(waiting_.size());
+  m_.requests_refused += int64_t(waiting_.size());
+  waiting_.clear();
+}
+
+void Engine::end_cancelled() {
+  int n_dropped = 0;
+  std::erase_if(waiting_, [&](const std::unique_ptr<Active>& a) {
+    if (!a->ticket->cancelled()) return false;
+    std::vector<Event> ev{Event{Event::Kind::error, 0, "cancelled", 499, {}}};
+    a->ticket->push(ev);
+    ++n_dropped;
+    return true;
+  });
+  if (n_dropped) {
+    std::lock_guard lock(mu_);
+    n_queued_ -= n_dropped;
+    m_.requests_cancelled += n_dropped;
+  }
+  for (auto& a : active_)
+    if (!a->ended && a->ticket->cancelled()) {
+      end_request(*a, "cancelled", 499);
+      std::lock_guard lock(mu_);
+      ++m_.requests_cancelled;
+    }
+  finish_requests();
+}
+
+int64_t Engine::kv_tokens_in_use() const {
+  return prefix_->pinned_tokens() + prefix_->unpinned_tokens() + reserved_tokens_;
+}
+
+// Admits queued requests in order while the first fits (slots, then K/V after evicting unpinned prefixes).
+void Engine::admit() {
+  int n_admitted = 0;
+  while (!waiting_.empty() && try_admit(waiting_.front())) {
+    active_.push_back(std::move(waiting_.front()));
+    waiting_.erase(waiting_.begin());
+    ++n_admitted;
+  }
+  if (n_admitted) {
+    std::lock_guard lock(mu_);
+    n_queued_ -= n_admitted;
+  }
+}
+
+bool Engine::try_admit(std::unique_ptr<Active>& ap) {
+  Active& a = *ap;
+  const GenRequest& r = a.req;
+  if (slots_used_ + r.n > cfg_.n_parallel) return false;
+  const int64_t len = int64_t(r.prompt.size());
+  const PrefixCache::Inserted ins = prefix_->insert(std::span(r.prompt).first(size_t(len - 1)));
+  const int64_t reserve = reserve_tokens(r);
+  int64_t over = kv_tokens_in_use() + reserve - budget_tokens_;
+  if (over > 0) over -= prefix_->evict(over);
+  if (over > 0) {
+    prefix_->unpin(ins.node);  // its new node, stored nowhere yet, leaves the tree
+    return false;
+  }
+  a.s0 = tree_->add_segment(ins.node, len - 1);
+  a.pinned = ins.node >= 0;
+  a.n_cached = ins.n_found;
+  a.reserved = reserve;
+  a.n_live = r.n;
+  reserved_tokens_ += reserve;
+  slots_used_ += r.n;
+  std::lock_guard lock(mu_);
+  m_.prompt_tokens += len;
+  m_.prompt_tokens_cached += ins.n_found;
+  return true;
+}
+
+// The step's rows: one per running sequence, then prompt tokens in admission order, at most n_batch of them.
+// A node takes rows once its parent is stored (or completed in this step), from one entry per step.
+void Engine::plan_step(StepBatch& b) {
+  const bool uni = cfg_.attn == AttnMethod::unified;
+  for (auto& ap : active_) {
+    Active& a = *ap;
+    if (!a.started) continue;
+    for (size_t j = 0; j < a.seqs.size(); ++j) {
+      Sequence& s = a.seqs[j];
+      if (s.done) continue;
+      auto& entries = uni ? b.unified_entries : b.tree_entries;
+      auto& tokens = uni ? b.unified_tokens : b.tree_tokens;
+      auto& pos = uni ? b.unified_pos : b.tree_pos;
+      b.outs.push_back({&a, int(j), uni, int64_t(tokens.size())});
+      entries.push_back({s.id, 1, s.pos});
+      tokens.push_back(s.last);
+      pos.push_back(int32_t(s.pos));
+    }
+  }
+  int64_t budget = cfg_.n_batch;
+  std::map<int, int64_t> planned;  // node -> rows it gets this step
+  for (auto& ap : active_) {
+    Active& a = *ap;
+    if (a.started || a.s0_planned || a.ended || budget == 0) continue;
+    const int node = tree_->parent(a.s0);
+    bool ready = true;
+    for (int g : node >= 0 ? prefix_->path(node) : std::vector<int>{}) {
+      const auto it = planned.find(g);
+      const int64_t have = prefix_->stored(g) + (it == planned.end() ? 0 : it->second);
+      const int64_t need = prefix_->length(g) - have;
+      if (need == 0) continue;
+      if (it != planned.end() || budget == 0) {  // another request's rows fill it this step, partly
+        ready = false;
+        break;
+      }
+      const int64_t take = std::min(need, budget);
+      const std::vector<int32_t>& toks = prefix_->tokens(g);
+      const int64_t start = tree_->start(g);
+      b.tree_entries.push_back({g, take, start + have});
+      for (int64_t i = have; i < have + take; ++i) {
+        b.tree_tokens.push_back(toks[size_t(i)]);
+        b.tree_pos.push_back(int32_t(start + i));
+      }
+      planned[g] = take;
+      budget -= take;
+      b.n_prefill += take;
+      if (take < need) {
+        ready = false;
+        break;
+      }
+    }
+    if (!ready || budget == 0) continue;
+    const int64_t last = int64_t(a.req.prompt.size()) - 1;
+    b.outs.push_back({&a, -1, false, int64_t(b.tree_tokens.size())});
+    b.tree_entries.push_back({a.s0, 1, last});
+    b.tree_tokens.push_back(a.req.prompt.back());
+    b.tree_pos.push_back(int32_t(last));
+    a.s0_planned = true;
+    --budget;
+    ++b.n_prefill;
+  }
+}
+
+void Engine::run_step(StepBatch& b) {
+  const int64_t n_vocab = model_.hparams().n_vocab;
+  const int64_t n_tree = int64_t(b.tree_tokens.size());
+  std::vector<int32_t> tokens = b.tree_tokens, pos = b.tree_pos;
+  tokens.insert(tokens.end(), b.unified_tokens.begin(), b.unified_tokens.end());
+  pos.insert(pos.end(), b.unified_pos.begin(), b.unified_pos.end());
+  std::vector<int64_t> logit_rows;
+  for (const StepBatch::Out& o : b.outs) logit_rows.push_back(o.row + (o.unified ? n_tree : 0));
+  KvCache* cache = tree_.get();
+  if (joined_) {
+    joined_->begin_steps(b.tree_entries, b.unified_entries);
+    cache = joined_.get();
+  } else {
+    tree_->begin_step(b.tree_entries);
+  }
+  std::vector<float> logits;
+  model_.forward(tokens, pos, *cache, logit_rows, logits);
+  for (size_t j = 0; j < b.outs.size(); ++j) {
+    const StepBatch::Out& o = b.outs[j];
+    const float* row = logits.data() + int64_t(j) * n_vocab;
+    if (o.seq < 0) {
+      start_sequences(*o.a, row);
+      continue;
+    }
+    Sequence& s = o.a->seqs[size_t(o.seq)];
+    ++s.pos;
+    accept(*o.a, s, s.sampler.sample(row, n_vocab), o.a->events);
+  }
+}
+
+// The prompt's last token is stored: the choices start, laid out as the method says, each sampling its first
+// token from the same logits with its own stream.
+void Engine::start_sequences(Active& a, const float* logits) {
+  const GenRequest& r = a.req;
+  const int64_t len = int64_t(r.prompt.size());
+  std::vector<int> ids(size_t(r.n));
+  switch (cfg_.attn) {
+    case AttnMethod::cascade:
+    case AttnMethod::auto_:
+      if (r.n == 1) ids[0] = a.s0;
+      else
+        for (int& id : ids) id = tree_->add_segment(a.s0);
+      break;
+    case AttnMethod::split:
+      for (int& id : ids) {
+        id = tree_->add_segment(-1);
+        tree_->copy_path(id, a.s0);
+      }
+      break;
+    case AttnMethod::unified: ids = unified_->add_sequences(*tree_, a.s0, r.n); break;
+  }
+  if (cfg_.attn == AttnMethod::split || cfg_.attn == AttnMethod::unified) {  // the copies stand alone
+    const int node = tree_->parent(a.s0);
+    tree_->release(a.s0);
+    a.s0 = -1;
+    if (a.pinned) prefix_->unpin(node);
+    a.pinned = false;
+  }
+  a.started = true;
+  for (int j = 0; j < r.n; ++j) {
+    a.seqs.emplace_back(j, r.sampling, r.stop);
+    Sequence& s = a.seqs.back();
+    s.id = ids[size_t(j)];
+    s.pos = len;
+  }
+  const int64_t n_vocab = model_.hparams().n_vocab;
+  for (Sequence& s : a.seqs) {
+    if (r.max_tokens == 0) {
+      a.events.push_back({Event::Kind::finish, s.index, "length", 0, {}});
+      s.done = true;
+      end_sequence(a, s);
+      continue;
+    }
+    accept(a, s, s.sampler.sample(logits, n_vocab), a.events);
+  }
+}
+
+// A sampled token: the sequence stops at end-of-generation, a stop string, max_tokens or the context's end;
+// else the next step feeds it.
+void Engine::accept(Active& a, Sequence& s, int32_t tok, std::vector<Event>& ev) {
+  const GenRequest& r = a.req;
+  std::string reason;
+  if (!r.ignore_eos && tok_.is_eog(tok)) {
+    reason = "stop";
+  } else {
+    ++s.n_tokens;
+    ++a.n_generated;
+    ++n_generated_;
+    const TokenType type = tok_.token_type(tok);
+    const bool stopped =
+        s.text.append(type == TokenType::control || type == TokenType::unknown ? std::string() : tok_.token_piece(tok));
+    if (stopped) reason = "stop";
+    else if (s.n_tokens >= r.max_tokens || s.pos + 1 >= cfg_.n_ctx) reason = "length";
+  }
+  std::string delta = s.text.take(!reason.empty());
+  if (!delta.empty()) ev.push_back({Event::Kind::text, s.index, std::move(delta), 0, {}});
+  if (reason.empty()) {
+    s.last = tok;
+    return;
+  }
+  ev.push_back({Event::Kind::finish, s.index, reason, 0, {}});
+  s.done = true;
+  end_sequence(a, s);
+}
+
+// A sequence's K/V goes as soon as it ends; the request's own segment and pins when its last sequence ends.
+void Engine::end_sequence(Active& a, Sequence& s) {
+  if (s.id >= 0) {
+    if (cfg_.attn == AttnMethod::unified) unified_->remove_sequence(s.id);
+    else if (s.id != a.s0) tree_->release(s.id);
+    s.id = -1;
+  }
+  --a.n_live;
+  --slots_used_;
+  if (a.n_live > 0) return;
+  if (a.s0 >= 0) {
+    const int node = tree_->parent(a.s0);
+    tree_->release(a.s0);
+    a.s0 = -1;
+    if (a.pinned) prefix_->unpin(node);
+    a.pinned = false;
+  }
+  reserved_tokens_ -= a.reserved;
+  a.reserved = 0;
+  a.ended = true;
+  a.events.push_back({Event::Kind::done, 0, {}, 0, {int64_t(a.req.prompt.size()), a.n_generated, a.n_cached}});
+}
+
+// Ends a request early (cancelled, shutting down): its sequences stop, its K/V goes, the client gets an error.
+void Engine::end_request(Active& a, const std::string& error, int status) {
+  if (a.ended) return;
+  if (!a.started) {
+    // Nothing runs yet: its slots were taken at admission.
+    slots_used_ -= a.n_live;
+    a.n_live = 0;
+    if (a.s0 >= 0) {
+      const int node = tree_->parent(a.s0);
+      tree_->release(a.s0);
+      a.s0 = -1;
+      if (a.pinned) prefix_->unpin(node);
+      a.pinned = false;
+    }
+    reserved_tokens_ -= a.reserved;
+    a.reserved = 0;
+    a.ended = true;
+  } else {
+    for (Sequence& s : a.seqs)
+      if (!s.done) {
+        s.done = true;
+        end_sequence(a, s);
+      }
+  }
+  a.events.clear();
+  a.events.push_back({Event::Kind::error, 0, error, status, {}});
+}
+
+// Pushes every request's events and drops the requests that ended.
+void Engine::finish_requests() {
+  int64_t n_done = 0;
+  for (auto& a : active_) {
+    if (a->ended && !a->events.empty() && a->events.back().kind == Event::Kind::done) ++n_done;
+    a->ticket->push(a->events);
+  }
+  std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->ended; });
+  if (n_done) {
+    std::lock_guard lock(mu_);
+    m_.requests_done += n_done;
+  }
+}
+
+bool Engine::step() {
+  take_new();
+  end_cancelled();
+  admit();
+  if (active_.empty()) {
+    publish_metrics(-1);
+    return false;
+  }
+  StepBatch b;
+  plan_step(b);
+  if (b.tree_tokens.empty() && b.unified_tokens.empty()) {
+    publish_metrics(-1);
+    return false;
+  }
+  const auto t0 = Clock::now();
+  try {
+    arena_->arena.execute([&] { run_step(b); });
+  } catch (const std::exception& e) {
+    // Nothing valid reaches here (requests are checked on entry); if it does, every running request fails and
+    // the K/V starts over, since a pass that failed midway may have stored some layers and not others.
+    for (auto& a : active_) {
+      a->events.clear();
+      a->events.push_back({Event::Kind::error, 0, std::string("internal error: ") + e.what(), 500, {}});
+      a->ended = true;
+    }
+    finish_requests();
+    slots_used_ = 0;
+    reserved_tokens_ = 0;
+    const llama::Hparams& hp = model_.hparams();
+    tree_ = std::make_unique<TreeCache>(int(hp.n_layer), hp.head_shape(), cfg_.kv_dtype, cfg_.attn == AttnMethod::auto_);
+    if (cfg_.cost_model) tree_->set_cost_model(*cfg_.cost_model);
+    prefix_ = std::make_unique<PrefixCache>(*tree_);
+    if (unified_) {
+      unified_ = std::make_unique<UnifiedCache>(int(hp.n_layer), hp.head_shape(), cfg_.kv_dtype, cfg_.n_parallel);
+      joined_ = std::make_unique<JoinedCache>(*tree_, *unified_);
+    }
+    publish_metrics(-1);
+    return true;
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  {
+    std::lock_guard lock(mu_);
+    m_.prompt_tokens_prefilled += b.n_prefill;
+  }
+  finish_requests();
+  publish_metrics(secs);
+  return true;
+}
+
+void Engine::publish_metrics(double step_s) {
+  int n_seq = 0;
+  for (const auto& a : active_) n_seq += a->started ? a->n_live : 0;
+  const int64_t kv_tokens = tree_->stored_tokens() + (unified_ ? unified_->stored_tokens() : 0);
+  std::lock_guard lock(mu_);
+  if (step_s >= 0) {
+    ++m_.steps;
+    m_.step_seconds += step_s;
+    for (size_t i = 0; i < m_.step_buckets.size(); ++i) m_.step_buckets[i] += step_s <= EngineMetrics::kStepBuckets[i];
+  }
+  m_.generated_tokens += n_generated_;
+  n_generated_ = 0;
+  m_.queue_depth = n_queued_;
+  m_.active_requests = int(active_.size());
+  m_.active_sequences = n_seq;
+  m_.kv_bytes = kv_tokens * token_bytes_;
+  m_.kv_cached_bytes = prefix_->unpinned_tokens() * token_bytes_;
+  m_.kv_reserved_bytes = (prefix_->pinned_tokens() + reserved_tokens_) * token_bytes_;
+  m_.evicted_tokens = prefix_->evicted_tokens();
+  m_.prefix_nodes = prefix_->n_nodes();
+}
+
+EngineMetrics Engine::metrics() const {
+  std::lock_guard lock(mu_);
+  return m_;
+}
+
+void Engine::check_state() const {
+  prefix_->check();
+  std::set<int> own;  // segments of live requests
+  for (const auto& a : active_) {
+    if (a->s0 >= 0) own.insert(a->s0);
+    for (const Sequence& s : a->seqs)
+      if (!s.done && cfg_.attn != AttnMethod::unified) own.insert(s.id);
+  }
+  for (int g = 0; g < tree_->n_ids(); ++g)
+    CASCADE_CHECK(!tree_->live(g) || prefix_->is_node(g) || own.count(g), "engine: segment ", g,
+                  " belongs to no request and no prefix");
+  int n_uni = 0;
+  if (unified_)
+    for (int s = 0; s < unified_->n_sequences(); ++s) n_uni += unified_->live(s);
+  int n_running = 0;
+  for (const auto& a : active_)
+    for (const Sequence& s : a->seqs) n_running += !s.done;
+  CASCADE_CHECK(!unified_ || n_uni == n_running, "engine: ", n_uni, " unified sequences for ", n_running, " running");
+  int slots = 0;
+  for (const auto& a : active_) slots += a->n_live;
+  CASCADE_CHECK(slots == slots_used_, "engine: ", slots_used_, " slots taken, ", slots, " by requests");
+}
+
+}  // namespace cascade::server

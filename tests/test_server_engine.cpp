@@ -1,0 +1,365 @@
+// The serving engine (server/engine.hpp) with the real model (SmolLM2-135M-Instruct Q4_1), stepped by the test
+// itself: the same greedy text as generate() for every attention method, the same seeded text alone or beside
+// other requests, cached prefixes reused and evicted under a budget, cancellations giving their K/V back.
+// Every step is followed by the engine's own bookkeeping check (check_state).
+#include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cascade/error.hpp"
+#include "model/generate.hpp"
+#include "model/gguf.hpp"
+#include "model/llama.hpp"
+#include "model/tokenizer.hpp"
+#include "server/engine.hpp"
+
+using namespace cascade;
+using server::Engine;
+using server::EngineConfig;
+using server::Event;
+using server::GenRequest;
+using server::Ticket;
+
+namespace {
+
+const char* kModel = CASCADE_MODEL_PATH;
+
+struct Loaded {
+  gguf::File file;
+  Tokenizer tok;
+  llama::Model model;
+  explicit Loaded(const char* path)
+      : file(gguf::File::open(path)), tok(load_vocab(file)), model(llama::Model::load(file)) {}
+};
+const Loaded& loaded() {
+  REQUIRE_MESSAGE(std::filesystem::exists(kModel),
+                  "the model file " << kModel << " is missing: run `bash scripts/setup.sh` in the repository");
+  static std::unique_ptr<Loaded> l = std::make_unique<Loaded>(kModel);
+  return *l;
+}
+
+// What a request's events amount to.
+struct Answer {
+  std::vector<std::string> text, finish;
+  server::Usage usage;
+  std::string error;
+  int status = 0;
+  bool ended = false;
+};
+
+struct Client {
+  std::shared_ptr<Ticket> ticket;
+  Answer answer;
+  void take() {
+    std::vector<Event> ev;
+    ticket->wait(ev, std::chrono::milliseconds(0));
+    for (const Event& e : ev) {
+      if (size_t(e.index) >= answer.text.size()) {
+        answer.text.resize(size_t(e.index) + 1);
+        answer.finish.resize(size_t(e.index) + 1);
+      }
+      switch (e.kind) {
+        case Event::Kind::text: answer.text[size_t(e.index)] += e.text; break;
+        case Event::Kind::finish: answer.finish[size_t(e.index)] = e.text; break;
+        case Event::Kind::done:
+          answer.usage = e.usage;
+          answer.ended = true;
+          break;
+        case Event::Kind::error:
+          answer.error = e.text;
+          answer.status = e.status;
+          answer.ended = true;
+          break;
+      }
+    }
+  }
+};
+
+GenRequest request(const std::vector<int32_t>& prompt, int n, int max_tokens, float temp = 0, uint64_t seed = 1) {
+  GenRequest r;
+  r.prompt = prompt;
+  r.n = n;
+  r.max_tokens = max_tokens;
+  r.sampling.temp = temp;
+  r.sampling.seed = seed;
+  return r;
+}
+
+std::shared_ptr<Ticket> submit(Engine& e, GenRequest r) {
+  REQUIRE(e.check(r).empty());
+  Engine::Admission why;
+  std::shared_ptr<Ticket> t = e.submit(std::move(r), &why);
+  REQUIRE(t);
+  return t;
+}
+
+// Steps until every client has its answer (bounded), checking the engine's bookkeeping after each step and,
+// when given, that the stored K/V never exceeds the budget.
+void run(Engine& e, std::vector<Client*> clients, int64_t budget = 0) {
+  for (int step = 0; step < 5000; ++step) {
+    bool all = true;
+    for (Client* c : clients) {
+      c->take();
+      all = all && c->answer.ended;
+    }
+    if (all) return;
+    e.step();
+    e.check_state();
+    if (budget) REQUIRE(e.metrics().kv_bytes <= budget);
+  }
+  FAIL("the requests did not finish in 5000 steps");
+}
+
+Answer run_one(Engine& e, GenRequest r) {
+  Client c{submit(e, std::move(r)), {}};
+  run(e, {&c});
+  return c.answer;
+}
+
+const std::vector<std::string> kPrompts = {
+    "The history of the city of Paris begins with a small settlement on an island in the river. Over the centuries",
+    "The history of the city of Paris begins with a small settlement on an island in the river. The first bridges",
+    "The history of the city of Paris begins with a small settlement on an island in the river. Today, visitors",
+    "The history of the city of Rome begins with",
+};
+
+std::vector<std::vector<int32_t>> encode_all(const std::vector<std::string>& texts) {
+  std::vector<std::vector<int32_t>> out;
+  for (const std::string& t : texts) out.push_back(loaded().tok.encode(t));
+  return out;
+}
+
+EngineConfig config(AttnMethod m, int n_parallel = 8) {
+  EngineConfig c;
+  c.attn = m;
+  c.n_parallel = n_parallel;
+  c.n_ctx = 1024;
+  c.n_batch = 32;  // several prefill steps per prompt, interleaved with decoding
+  c.max_queue = 64;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("server engine: greedy texts equal generate()'s, with every attention method, prompts arriving together") {
+  const Loaded& m = loaded();
+  const auto prompts = encode_all(kPrompts);
+  GenerateParams gp;
+  gp.n_predict = 24;
+  gp.n_parallel = 2;
+  gp.sampling.temp = 0;
+  gp.attn = AttnMethod::cascade;
+  const GenerateResult ref = generate(m.model, prompts, gp, [&](int32_t id) { return m.tok.is_eog(id); });
+  for (AttnMethod method : {AttnMethod::cascade, AttnMethod::auto_, AttnMethod::split, AttnMethod::unified}) {
+    CAPTURE(attn_method_name(method));
+    Engine e(m.model, m.tok, config(method));
+    std::vector<Client> clients;
+    for (const auto& p : prompts) clients.push_back({submit(e, request(p, 2, 24)), {}});
+    std::vector<Client*> all;
+    for (Client& c : clients) all.push_back(&c);
+    run(e, all);
+    for (size_t p = 0; p < prompts.size(); ++p)
+      for (int j = 0; j < 2; ++j) {
+        CAPTURE(p);
+        CAPTURE(j);
+        const SequenceResult& want = ref.sequences[p * 2 + size_t(j)];
+        CHECK(clients[p].answer.text[size_t(j)] == m.tok.decode(want.tokens, false));
+        CHECK(clients[p].answer.finish[size_t(j)] == (want.stop == "eog" ? "stop" : "length"));
+      }
+    // Every sequence's K/V went with it; the prompts stay cached (minus each one's last token).
+    const server::EngineMetrics mt = e.metrics();
+    CHECK(mt.active_sequences == 0);
+    CHECK(mt.kv_reserved_bytes == 0);
+    CHECK(mt.kv_bytes == mt.kv_cached_bytes);
+    CHECK(mt.kv_cached_bytes == (ref.tree.n_tokens() - int64_t(prompts.size())) * e.kv_token_bytes());
+    CHECK(mt.generated_tokens == 8 * 24);
+  }
+}
+
+TEST_CASE("server engine: a seeded request writes the same text alone and beside others (sampled and greedy)") {
+  const Loaded& m = loaded();
+  const auto prompts = encode_all(kPrompts);
+  for (float temp : {0.9f, 0.0f}) {
+    CAPTURE(temp);
+    Engine alone(m.model, m.tok, config(AttnMethod::auto_));
+    const Answer a = run_one(alone, request(prompts[0], 3, 20, temp, 42));
+    // Beside others: requests sharing its beginning arrive before and after it, with other seeds.
+    Engine busy(m.model, m.tok, config(AttnMethod::auto_));
+    Client x{submit(busy, request(prompts[1], 2, 30, 0.7f, 1)), {}};
+    Client y{submit(busy, request(prompts[3], 1, 40, 1.0f, 2)), {}};
+    for (int i = 0; i < 3; ++i) busy.step();
+    Client r{submit(busy, request(prompts[0], 3, 20, temp, 42)), {}};
+    Client z{submit(busy, request(prompts[2], 1, 12, 0.5f, 3)), {}};
+    run(busy, {&x, &y, &r, &z});
+    CHECK(r.answer.text == a.text);
+    CHECK(r.answer.usage.cached_tokens > 10);  // it found the beginning x brought
+  }
+}
+
+TEST_CASE("server engine: a prompt reuses the longest cached prefix, and reusing it changes no token") {
+  const Loaded& m = loaded();
+  const auto prompts = encode_all(kPrompts);
+  Engine cold(m.model, m.tok, config(AttnMethod::cascade));
+  const Answer want = run_one(cold, request(prompts[1], 1, 16));
+  CHECK(want.usage.cached_tokens == 0);
+  CHECK(want.usage.prompt_tokens == int64_t(prompts[1].size()));
+
+  Engine e(m.model, m.tok, config(AttnMethod::cascade));
+  run_one(e, request(prompts[0], 1, 4));
+  const int64_t prefilled = e.metrics().prompt_tokens_prefilled;
+  const Answer got = run_one(e, request(prompts[1], 1, 16));
+  size_t shared = 0;
+  while (prompts[0][shared] == prompts[1][shared]) ++shared;
+  CHECK(got.usage.cached_tokens == int64_t(shared));
+  CHECK(e.metrics().prompt_tokens_prefilled - prefilled == int64_t(prompts[1].size() - shared));
+  CHECK(e.metrics().prompt_tokens_cached == int64_t(shared));
+  CHECK(got.text == want.text);
+  // The same prompt again: all but its last token come from the cache.
+  const Answer again = run_one(e, request(prompts[1], 1, 16));
+  CHECK(again.usage.cached_tokens == int64_t(prompts[1].size()) - 1);
+  CHECK(again.text == want.text);
+}
+
+TEST_CASE("server engine: cancelled requests, mid-prefill or mid-decode, give their K/V back at once") {
+  const Loaded& m = loaded();
+  const auto prompts = encode_all(kPrompts);
+  for (AttnMethod method : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified}) {
+    CAPTURE(attn_method_name(method));
+    Engine e(m.model, m.tok, config(method));
+    run_one(e, request(prompts[0], 1, 2));
+    const int64_t baseline = e.metrics().kv_bytes;
+    // Decoding: two requests on the cached prompt, cancelled after a few steps.
+    Client a{submit(e, request(prompts[0], 3, 200)), {}}, b{submit(e, request(prompts[0], 1, 200)), {}};
+    for (int i = 0; i < 6; ++i) {
+      e.step();
+      e.check_state();
+    }
+    CHECK(e.metrics().active_sequences == 4);
+    CHECK(e.metrics().kv_bytes > baseline);
+    a.ticket->cancel();
+    b.ticket->cancel();
+    e.step();
+    e.check_state();
+    a.take();
+    b.take();
+    CHECK(a.answer.status == 499);
+    CHECK(b.answer.status == 499);
+    CHECK(e.metrics().kv_bytes == baseline);
+    CHECK(e.metrics().kv_reserved_bytes == 0);
+    // Prefilling a long new prompt (32 tokens per step): cancelled after one step, what it stored stays cached and
+    // nothing else.
+    std::vector<int32_t> longp = prompts[3];
+    for (int i = 0; i < 8; ++i) longp.insert(longp.end(), prompts[2].begin(), prompts[2].end());
+    Client c{submit(e, request(longp, 2, 50)), {}};
+    e.step();
+    e.check_state();
+    const int64_t stored = e.metrics().kv_bytes - baseline;
+    CHECK(stored > 0);
+    c.ticket->cancel();
+    e.step();
+    e.check_state();
+    c.take();
+    CHECK(c.answer.status == 499);
+    CHECK(e.metrics().kv_bytes == e.metrics().kv_cached_bytes);
+    CHECK(e.metrics().kv_bytes <= baseline + stored);
+    CHECK(e.metrics().requests_cancelled == 3);
+  }
+}
+
+TEST_CASE("server engine: under a small K/V budget unused prefixes are evicted, running requests keep theirs") {
+  const Loaded& m = loaded();
+  // Prompts of ~75 tokens, each its own beginning; the budget holds about three of them with their output.
+  std::vector<std::string> texts;
+  for (int i = 0; i < 6; ++i)
+    texts.push_back("Story number " + std::to_string(i) + ". " + kPrompts[size_t(i) % kPrompts.size()] + " " +
+                    kPrompts[size_t(i + 1) % kPrompts.size()] + " " + kPrompts[size_t(i + 2) % kPrompts.size()]);
+  const auto prompts = encode_all(texts);
+  Engine roomy(m.model, m.tok, config(AttnMethod::cascade, 6));
+  std::vector<Client> want;
+  for (const auto& p : prompts) want.push_back({submit(roomy, request(p, 1, 8)), {}});
+  std::vector<Client*> all_want;
+  for (Client& cl : want) all_want.push_back(&cl);
+  run(roomy, all_want);
+
+  EngineConfig c = config(AttnMethod::cascade, 2);
+  c.kv_budget = 250 * Engine(m.model, m.tok, c).kv_token_bytes();
+  Engine e(m.model, m.tok, c);
+  std::vector<Client> clients;
+  for (const auto& p : prompts) clients.push_back({submit(e, request(p, 1, 8)), {}});
+  std::vector<Client*> all;
+  for (Client& cl : clients) all.push_back(&cl);
+  run(e, all, c.kv_budget);
+  for (size_t i = 0; i < prompts.size(); ++i) CHECK(clients[i].answer.text == want[i].answer.text);
+  CHECK(e.metrics().evicted_tokens > 0);
+  // A request that could never fit is refused up front.
+  CHECK(e.check(request(prompts[0], 2, 300)).find("--kv-budget") != std::string::npos);
+}
+
+TEST_CASE("server engine: stop strings, max_tokens 0, the queue's bound, requests that cannot fit") {
+  const Loaded& m = loaded();
+  const auto prompts = encode_all(kPrompts);
+  Engine e(m.model, m.tok, config(AttnMethod::cascade, 4));
+  const Answer full = run_one(e, request(prompts[3], 1, 24));
+  REQUIRE(full.text[0].size() > 12);
+  GenRequest r = request(prompts[3], 1, 24);
+  r.stop = {"@never@", full.text[0].substr(6, 5)};
+  const Answer cut = run_one(e, r);
+  CHECK(cut.text[0] == full.text[0].substr(0, full.text[0].find(r.stop[1])));
+  CHECK(cut.finish[0] == "stop");
+
+  const Answer none = run_one(e, request(prompts[3], 2, 0));
+  CHECK(none.text == std::vector<std::string>{"", ""});
+  CHECK(none.finish == std::vector<std::string>{"length", "length"});
+  CHECK(none.usage.completion_tokens == 0);
+
+  EngineConfig c = config(AttnMethod::cascade, 4);
+  c.max_queue = 1;
+  Engine small(m.model, m.tok, c);
+  Engine::Admission why;
+  CHECK(small.submit(request(prompts[0], 1, 4), &why));
+  CHECK(!small.submit(request(prompts[0], 1, 4), &why));
+  CHECK(why == Engine::Admission::queue_full);
+  CHECK(small.metrics().requests_refused == 1);
+
+  CHECK(e.check(request(prompts[0], 5, 4)).find("-np") != std::string::npos);
+  CHECK(e.check(request(prompts[0], 1, 1024)).find("context") != std::string::npos);
+  CHECK(e.check(request({}, 1, 4)).find("no tokens") != std::string::npos);
+  CHECK(e.check(request({1, 2, int32_t(m.tok.n_vocab())}, 1, 4)).find("vocabulary") != std::string::npos);
+}
+
+TEST_CASE("server engine: draining lets running requests finish, refuses queued ones, and stops the loop") {
+  const Loaded& m = loaded();
+  const auto prompts = encode_all(kPrompts);
+  EngineConfig c = config(AttnMethod::cascade, 2);
+  Engine e(m.model, m.tok, c);
+  e.start();
+  Client a{submit(e, request(prompts[0], 2, 20)), {}};
+  // Wait (bounded) until it runs, so it is not merely queued when the drain starts.
+  for (int i = 0; i < 500 && e.metrics().active_requests == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  Client q{submit(e, request(prompts[1], 1, 20)), {}};  // waits: both slots are taken
+  CHECK(e.drain(std::chrono::seconds(60)));
+  a.take();
+  q.take();
+  CHECK(a.answer.ended);
+  CHECK(a.answer.error.empty());
+  CHECK(a.answer.text.size() == 2);
+  CHECK(q.answer.status == 503);
+  Engine::Admission why;
+  CHECK(!e.submit(request(prompts[0], 1, 4), &why));
+  CHECK(why == Engine::Admission::draining);
+
+  // A drain that runs out of time cuts what runs, with an error.
+  Engine f(m.model, m.tok, c);
+  f.start();
+  Client b{submit(f, request(prompts[0], 1, 1000 - int(prompts[0].size()))), {}};
+  for (int i = 0; i < 500 && f.metrics().active_requests == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK_FALSE(f.drain(std::chrono::milliseconds(0)));
+  b.take();
+  CHECK(b.answer.status == 503);
+}
