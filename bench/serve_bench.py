@@ -141,6 +141,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--label", default="")
     ap.add_argument("--ttft-probe", type=int, default=0)
+    ap.add_argument("--unique-tokens", type=int, default=0,
+                    help="every 4th request appends this many random token ids (new K/V the cache must evict)")
     args = ap.parse_args()
 
     u = urllib.parse.urlparse(args.url)
@@ -152,8 +154,10 @@ def main():
     lock = threading.Lock()
 
     def body_for(i):
-        req = {"prompt": system + questions[i % len(questions)], "max_tokens": args.max_tokens, "temperature": 0,
-               "stream": True, "ignore_eos": True}
+        prompt = system + questions[i % len(questions)]
+        if args.unique_tokens and i % 4 == 3:
+            prompt = prompt + [random.Random(i).randrange(1000, 40000) for _ in range(args.unique_tokens)]
+        req = {"prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
         if args.model:
             req["model"] = args.model
         return json.dumps(req)
@@ -202,7 +206,10 @@ def main():
     if args.rate <= 0:
         def client():
             while (i := take_index()) is not None:
-                record(one_request(host, port, "/v1/completions", body_for(i), args.timeout))
+                r = one_request(host, port, "/v1/completions", body_for(i), args.timeout)
+                record(r)
+                if r.status in (429, 503):
+                    time.sleep(1.0)  # the servers' Retry-After
 
         threads = [threading.Thread(target=client) for _ in range(args.clients)]
         for t in threads:
@@ -240,6 +247,7 @@ def main():
         "refused": len(refused),
         "failed": len(failed),
         "failures": sorted({f"status {r.status}: {r.error}" for r in failed})[:5],
+        "unique_tokens": args.unique_tokens,
         "output_tokens": tokens,
         "output_tokens_per_s": tokens / (t1 - t0),
         "ttft_ms_p50": percentile(ttft, 0.5),

@@ -3,29 +3,31 @@
 # the same model and slots, under the same load (bench/serve_bench.py): N clients sharing a system prompt of P
 # tokens, each request adding a short question and asking for T tokens, streamed.
 #
-#   bench/serving.sh [--quick] [--llama-server PATH] [--clients N] [--system P] [--max-tokens T]
-#                    [--duration S] [--rates "R1 R2"] [--methods "cascade split unified auto"] OUTDIR
+#   bench/serving.sh [--quick] [--llama-server PATH] [--llama-variants "split unified"] [--clients N] [--system P]
+#                    [--max-tokens T] [--duration S] [--rates "R1 R2"] [--methods "cascade split unified auto"] OUTDIR
 #
 # Per server: a closed loop of N clients for S seconds, Poisson arrivals at each rate for S seconds, and a
 # time-to-first-token probe (a system prompt the server has not seen, then the same one again: cached vs not).
-# Writes OUTDIR/results.jsonl (one JSON object per run), OUTDIR/summary.md and OUTDIR/serving.png
-# (bench/serving_report.py), and each server's log. --quick: a small, short run (a smoke test).
-# Timing runs belong under the exclusive CPU lock: flock -x -w 900 /work/locks/cpu.lock bench/serving.sh ...
+# Appends to OUTDIR/results.jsonl (one JSON object per run; several calls may fill one OUTDIR, e.g. one server
+# each), then writes OUTDIR/summary.md and OUTDIR/serving.png from all of it (bench/serving_report.py); each
+# server's log beside them. --methods "" runs no cascade-server. --quick: a small, short run (a smoke test).
+# On a shared machine, time under an exclusive lock, one server per call: flock -x ... bench/serving.sh ...
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 clients=16 system=1000 max_tokens=256 duration=120 rates="1 2" methods="cascade split unified auto"
-llama_server="" quick=0
+llama_server="" llama_variants="split unified" quick=0
 while (($#)); do
   case "$1" in
     --quick) quick=1; clients=4 system=200 max_tokens=16 duration=8 rates="2" methods="cascade auto" ;;
     --llama-server) llama_server="$2"; shift ;;
+    --llama-variants) llama_variants="$2"; shift ;;
     --clients) clients="$2"; shift ;;
     --system) system="$2"; shift ;;
     --max-tokens) max_tokens="$2"; shift ;;
     --duration) duration="$2"; shift ;;
     --rates) rates="$2"; shift ;;
     --methods) methods="$2"; shift ;;
-    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
     -*) echo "serving.sh: unknown option $1" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -44,7 +46,6 @@ done
 threads=$(nproc)
 ctx=$((system + 64 + max_tokens))  # positions per sequence: prompt, question, output
 results="$out/results.jsonl"
-: > "$results"
 
 # The token ids every server gets: the first P tokens of the study's prompt, and 64 questions.
 python3 - "$tokenize" "$model" "$root/bench/prompt-1230.txt" "$system" "$out/prompt-ids.json" <<'PY'
@@ -101,7 +102,7 @@ done
 
 if [[ -n "$llama_server" ]]; then
   # llama-server's slots: -c is shared by the -np slots; its own prompt cache keeps the system prompt.
-  for variant in split unified; do
+  for variant in $llama_variants; do
     flags=(-np "$clients" -c $((clients * ctx)) -t "$threads" --host 127.0.0.1)
     [[ $variant == unified ]] && flags+=(-kvu) || flags+=(-no-kvu)
     port=$(python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
