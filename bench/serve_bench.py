@@ -8,7 +8,8 @@ system prompt of P tokens, each request adding a short question of its own and a
 with cascade-tokenize), so every server sees exactly the same token ids.
 Arrivals: --clients N closed-loop clients, each sending its next request when the last one ends, for --duration
 seconds (or --requests in all); or --rate R Poisson arrivals per second, each request on its own thread.
---warmup-requests: requests sent one at a time before timing (the system prompt then sits in the server's cache).
+--warmup-requests 1: before timing, one request and then one per client at once (every slot of the server has seen
+the system prompt); 0: none.
 --ttft-probe K: instead, K rounds on an idle server, each with a system prompt the server has not seen (the
 usual one rotated): one request (uncached), then another with the same system prompt and another question
 (cached); prints the TTFT of both, their medians and the ratio cached / uncached.
@@ -166,10 +167,19 @@ def main():
         probe(args, host, port, system, questions)
         return
 
-    for w in range(args.warmup_requests):
-        r = one_request(host, port, "/v1/completions", body_for(w), args.timeout)
-        if r.status != 200 or r.error:
-            raise SystemExit(f"serve_bench: the warm-up request failed: status {r.status}, {r.error}")
+    # Warm-up, not timed: one request, then (closed loop) a round of one per client at once, so every slot of a
+    # server that keeps a prompt per slot has seen the system prompt too.
+    for batch in ([0], list(range(1, 1 + args.clients))) if args.warmup_requests else ():
+        warm = [None] * len(batch)
+        ts = [threading.Thread(target=lambda k=k, w=w: warm.__setitem__(
+            k, one_request(host, port, "/v1/completions", body_for(w), args.timeout))) for k, w in enumerate(batch)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        for r in warm:
+            if r.status != 200 or r.error:
+                raise SystemExit(f"serve_bench: a warm-up request failed: status {r.status}, {r.error}")
 
     results = []
     stop_at = [None]

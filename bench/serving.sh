@@ -71,7 +71,7 @@ bench() {  # LABEL PORT PID EXTRA-ARGS...
 run_all() {  # NAME PORT PID
   local name="$1" port="$2" pid="$3"
   log "$name: closed loop, $clients clients, ${duration}s"
-  bench "$name closed" "$port" "$pid" --clients "$clients" --duration "$duration" --warmup-requests 2
+  bench "$name closed" "$port" "$pid" --clients "$clients" --duration "$duration" --warmup-requests 1
   for r in $rates; do
     log "$name: Poisson, $r requests/s, ${duration}s"
     bench "$name poisson-$r" "$port" "$pid" --rate "$r" --duration "$duration" --warmup-requests 0
