@@ -19,7 +19,7 @@ cmake --build build-asan -j2
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-# Excluded, both still run by scripts/test.sh:
+# Excluded, all still run by scripts/test.sh:
 #  - consumer_find_package builds the README example in an outside project with the default compiler and no
 #    sanitizer: nothing of ours runs instrumented there.
 #  - "generate: greedy continuations are identical ..." decodes the real model three times over: ~160 s under ASan on
