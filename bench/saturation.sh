@@ -47,7 +47,7 @@ done
 [[ -n "$port" ]] || { echo "saturation.sh: the server did not start" >&2; kill $pid; exit 1; }
 
 python3 "$root/bench/serve_bench.py" --url "http://127.0.0.1:$port" --prompt-ids "$out/prompt-ids.json" \
-  --clients "$clients" --duration "$seconds" --max-tokens 64 --unique-tokens 300 --warmup-requests 1 \
+  --clients "$clients" --duration "$seconds" --max-tokens 64 --unique-tokens 300 --warmup-requests 0 \
   --pid "$pid" --label saturation > "$out/saturation.json"
 python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode())" \
   > "$out/metrics-end.txt"
