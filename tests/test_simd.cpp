@@ -1,4 +1,4 @@
-// simd.hpp: the CPU features read from CPUID against the kernel's own report (/proc/cpuinfo), and the
+// simd.hpp: the CPU features and name read from CPUID against the kernel's own report (/proc/cpuinfo), and the
 // instruction-set tier and its limit.
 #include "cascade/simd.hpp"
 
@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -65,4 +66,29 @@ TEST_CASE("simd: the active tier is the CPU's widest, capped by the limit in one
   CHECK_THROWS_WITH_AS(cascade::parse_isa("sse9"),
                        doctest::Contains("unknown instruction set 'sse9' (expected portable, avx2 or avx512)"),
                        cascade::Error);
+}
+
+TEST_CASE("simd: the CPU's name and feature names agree with /proc/cpuinfo") {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, model;
+  while (model.empty() && std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) model = line.substr(line.find(':') + 1);
+  const auto flags = proc_cpu_flags();
+  if (model.empty() || flags.empty()) {
+    MESSAGE("no /proc/cpuinfo model name or flags here: nothing to compare with");
+    return;
+  }
+  // The kernel pads and may shorten the brand string; ours is trimmed, so compare word by word.
+  std::istringstream a(model), b(cascade::cpu_model_name());
+  std::vector<std::string> wa, wb;
+  for (std::string w; a >> w;) wa.push_back(w);
+  for (std::string w; b >> w;) wb.push_back(w);
+  CHECK(wa == wb);
+  std::istringstream names(cascade::cpu_feature_names());
+  std::set<std::string> ours;
+  for (std::string w; names >> w;) ours.insert(w);
+  for (const char* f : {"avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
+                        "avx512_bf16"})
+    CHECK_MESSAGE(ours.count(f) == flags.count(f), f);
+  CHECK(ours.size() <= 10);
 }

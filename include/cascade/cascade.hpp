@@ -9,6 +9,7 @@
 //   plan.hpp           a step's plan: tree, auto's choice, schedule, workspace size; no K/V pointers
 //   cpu/attention.hpp  planning and running on the CPU (cascade, split), and the unified baseline
 //   cpu/calibrate.hpp  fitting the cost model on this machine
+//   cpu/profile_cache.hpp  the fitted model kept per machine in the user's cache folder
 //   layouts.hpp        the split and unified baselines' layouts, built from a tree and its K/V
 //   reference.hpp      the double-precision reference
 #pragma once
@@ -16,6 +17,7 @@
 #include "cascade/auto.hpp"
 #include "cascade/cpu/attention.hpp"
 #include "cascade/cpu/calibrate.hpp"
+#include "cascade/cpu/profile_cache.hpp"
 #include "cascade/dtype.hpp"
 #include "cascade/error.hpp"
 #include "cascade/kv.hpp"
@@ -25,3 +27,4 @@
 #include "cascade/schedule.hpp"
 #include "cascade/state.hpp"
 #include "cascade/tree.hpp"
+#include "cascade/version.hpp"

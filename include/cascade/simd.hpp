@@ -11,9 +11,12 @@
 // set_isa_limit() (tests run every tier the machine can; benchmarks and tools report the one they ran).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <utility>
 
 #include "cascade/error.hpp"
 
@@ -149,5 +152,39 @@ class IsaLimit {
  private:
   Isa saved_;
 };
+
+// The CPU's model as CPUID names it ("AMD EPYC 9R14 96-Core Processor"), trimmed; empty when it does not.
+inline std::string cpu_model_name() {
+  std::string name;
+#if CASCADE_X86
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0x80000000u, &a, &b, &c, &d) || a < 0x80000004u) return name;
+  for (unsigned leaf = 0x80000002u; leaf <= 0x80000004u; ++leaf) {
+    __get_cpuid(leaf, &a, &b, &c, &d);
+    for (unsigned r : {a, b, c, d})
+      for (int i = 0; i < 4; ++i) name += char((r >> (8 * i)) & 0xff);
+  }
+  name.resize(std::min(name.size(), name.find('\0')));
+  const size_t first = name.find_first_not_of(' ');
+  name = first == std::string::npos ? std::string() : name.substr(first, name.find_last_not_of(' ') - first + 1);
+#endif
+  return name;
+}
+
+// The features of cpu_features() this CPU has, space-separated in a fixed order ("avx2 fma f16c ...").
+inline std::string cpu_feature_names() {
+  const CpuFeatures& f = cpu_features();
+  const std::pair<const char*, bool> all[] = {
+      {"avx2", f.avx2},         {"fma", f.fma},           {"f16c", f.f16c},         {"avx_vnni", f.avx_vnni},
+      {"avx512f", f.avx512f},   {"avx512bw", f.avx512bw}, {"avx512vl", f.avx512vl}, {"avx512dq", f.avx512dq},
+      {"avx512_vnni", f.avx512_vnni}, {"avx512_bf16", f.avx512_bf16}};
+  std::string names;
+  for (const auto& [name, has] : all) {
+    if (!has) continue;
+    if (!names.empty()) names += ' ';
+    names += name;
+  }
+  return names;
+}
 
 }  // namespace cascade

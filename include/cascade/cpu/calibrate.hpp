@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <random>
+#include <variant>
 #include <vector>
 
 #include "cascade/auto.hpp"
@@ -52,30 +53,33 @@ double best_of(int n, F&& f) {
 
 // One synthetic problem: `n_seq` sequences with one query each, all on one segment of n_tokens keys
 // (shared), or each on its own segment of n_tokens keys (independent). With n_groups > 1 (shared only):
-// n_groups segments, each shared by n_seq sequences.
+// n_groups segments, each shared by n_seq sequences. K/V are stored as `dtype`.
 struct Problem {
-  std::vector<f16> k, v;
+  std::variant<std::vector<float>, std::vector<f16>, std::vector<bf16>> k, v;  // (segment, tokens, heads, dim)
   std::vector<float> q, o;
   std::vector<KvView> views;
   Tree tree;
 };
 
-inline Problem make_problem(const HeadShape& shape, int64_t n_tokens, int n_seq, bool shared, std::mt19937& rng,
-                            int n_groups = 1) {
+inline Problem make_problem(const HeadShape& shape, DType dtype, int64_t n_tokens, int n_seq, bool shared,
+                            std::mt19937& rng, int n_groups = 1) {
   Problem p;
   const int64_t row = int64_t(shape.n_kv_heads) * shape.head_dim;
   const int64_t n_seg = shared ? n_groups : n_seq;
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  p.k.resize(size_t(n_seg * n_tokens * row));
-  p.v.resize(p.k.size());
-  for (size_t i = 0; i < p.k.size(); ++i) {
-    p.k[i] = f16(u(rng));
-    p.v[i] = f16(u(rng));
-  }
+  dispatch_dtype(dtype, [&]<class T>() {
+    std::vector<T> k(size_t(n_seg * n_tokens * row)), v(k.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      k[i] = T(u(rng));
+      v[i] = T(u(rng));
+    }
+    for (int64_t g = 0; g < n_seg; ++g)
+      p.views.push_back(KvView::contiguous(k.data() + g * n_tokens * row, v.data() + g * n_tokens * row, n_tokens,
+                                           shape.n_kv_heads, shape.head_dim));
+    p.k = std::move(k);  // moving a vector keeps its buffer: the views stay valid
+    p.v = std::move(v);
+  });
   std::vector<std::vector<int>> paths;
-  for (int64_t g = 0; g < n_seg; ++g)
-    p.views.push_back(KvView::contiguous(p.k.data() + g * n_tokens * row, p.v.data() + g * n_tokens * row, n_tokens,
-                                         shape.n_kv_heads, shape.head_dim));
   for (int64_t g = 0; g < (shared ? n_groups : 1); ++g)
     for (int s = 0; s < n_seq; ++s) paths.push_back({shared ? int(g) : s});
   const size_t n_paths = paths.size();
@@ -109,15 +113,17 @@ inline double read_bandwidth(int n_threads, int64_t bytes) {
 }  // namespace calibrate_detail
 
 // Fits a CostModel on this machine with n_threads threads (0: all), using the library's own kernels on
-// f16 K/V with `like`'s KV heads and head dim and no GQA (so stacked rows = query tokens): the kernels'
-// rates depend on the head dim and the number of heads an item carries, so calibrate with the shape the
-// model will price (the default stands for small models). Takes about half a second. The kernels' rates
+// K/V of type kv_dtype with `like`'s KV heads and head dim and no GQA (so stacked rows = query tokens): the
+// kernels' rates depend on the head dim, the number of heads an item carries and the K/V type, so calibrate
+// with the shape and type the model will price (the default stands for small models). Takes about a third
+// of a second; cpu/profile_cache.hpp keeps the result per machine so that it runs once. The kernels' rates
 // are measured on K/V of 16 MiB at most, which may sit in the last-level
 // cache; the streaming read rate, the floor of every pass, is measured on a buffer twice the last-level
 // cache (64 to 256 MiB), because a decode step finds most K/V in memory, not in cache (the layers
 // and weights read since the last step have evicted it). So a segment folded into several passes
 // costs its full memory traffic each time, and folding is chosen only where it saves more than that.
-inline CostModel calibrate(int n_threads = 0, const HeadShape& like = HeadShape{4, 4, 64}) {
+inline CostModel calibrate(int n_threads = 0, const HeadShape& like = HeadShape{4, 4, 64},
+                           DType kv_dtype = DType::f16) {
   using namespace calibrate_detail;
   CASCADE_CHECK(n_threads >= 0, "calibrate: n_threads is negative (", n_threads, ")");
   CASCADE_CHECK(like.n_kv_heads > 0 && like.head_dim > 0, "calibrate: bad head shape ", like.n_kv_heads, " KV heads of ",
@@ -134,7 +140,7 @@ inline CostModel calibrate(int n_threads = 0, const HeadShape& like = HeadShape{
     const Plan plan = cpu::plan(p.tree, opt);
     return best_of(reps, [&] { cpu::run(plan, p.views, p.q.data(), p.o.data()); });
   };
-  const auto kv_bytes = [&](int64_t n_tokens) { return 2.0 * double(n_tokens) * shape.n_kv_heads * shape.head_dim * 2; };
+  const auto kv_bytes = [&](int64_t n_tokens) { return CostModel::kv_bytes(shape, kv_dtype, n_tokens); };
   const auto macs = [&](int64_t n_tokens, int m) { return 2.0 * m * double(n_tokens) * shape.n_kv_heads * shape.head_dim; };
 
   c.read_bw = read_bandwidth(n_threads, std::clamp<int64_t>(2 * last_level_cache_bytes(), int64_t(64) << 20,
@@ -144,11 +150,11 @@ inline CostModel calibrate(int n_threads = 0, const HeadShape& like = HeadShape{
   const int64_t n_small = std::max<int64_t>(256, (int64_t(16) << 20) / int64_t(kv_bytes(1)));
   const int m_hi = int(std::min<int64_t>(8, cpu::use_small_kernel(8, shape.head_dim) ? 8 : 1));
   {
-    Problem p1 = make_problem(shape, n_small, 1, true, rng);
+    Problem p1 = make_problem(shape, kv_dtype, n_small, 1, true, rng);
     const double t1 = time_plan(p1);
     double per_mac = 0;
     if (m_hi > 1) {
-      Problem p8 = make_problem(shape, n_small, m_hi, true, rng);
+      Problem p8 = make_problem(shape, kv_dtype, n_small, m_hi, true, rng);
       const double t8 = time_plan(p8);
       per_mac = std::max(0.0, (t8 - t1) / (macs(n_small, m_hi) - macs(n_small, 1)));
     }
@@ -160,8 +166,8 @@ inline CostModel calibrate(int n_threads = 0, const HeadShape& like = HeadShape{
   // Tiled kernel: 32 and 128 rows (one tile each) over one segment; the difference is the multiply-adds.
   {
     const int64_t n_tiled = std::max<int64_t>(64, (int64_t(2) << 20) / int64_t(kv_bytes(1)));
-    Problem a = make_problem(shape, n_tiled, 32, true, rng);
-    Problem b = make_problem(shape, n_tiled, 128, true, rng);
+    Problem a = make_problem(shape, kv_dtype, n_tiled, 32, true, rng);
+    Problem b = make_problem(shape, kv_dtype, n_tiled, 128, true, rng);
     const double ta = time_plan(a), tb = time_plan(b);
     double per_mac = std::max(0.0, (tb - ta) / (macs(n_tiled, 128) - macs(n_tiled, 32)));
     if (per_mac <= 0) per_mac = tb / macs(n_tiled, 128) * 0.5;
@@ -173,7 +179,7 @@ inline CostModel calibrate(int n_threads = 0, const HeadShape& like = HeadShape{
   {
     const int n_seq = 512;
     const int64_t n_tok = 4;
-    Problem p = make_problem(shape, n_tok, n_seq, false, rng);
+    Problem p = make_problem(shape, kv_dtype, n_tok, n_seq, false, rng);
     const double t = time_plan(p);
     const double work = n_seq * (kv_bytes(n_tok) / c.small_bw + macs(n_tok, 1) / c.small_mac);
     c.item_s = std::max(t - work, 0.5 * t) / n_seq;
@@ -183,7 +189,7 @@ inline CostModel calibrate(int n_threads = 0, const HeadShape& like = HeadShape{
   {
     const int n_groups = 32, n_seq = 32;
     const int64_t n_tok = 4;
-    Problem p = make_problem(shape, n_tok, n_seq, true, rng, n_groups);
+    Problem p = make_problem(shape, kv_dtype, n_tok, n_seq, true, rng, n_groups);
     const double t = time_plan(p);
     const double items = double(n_groups) * shape.n_kv_heads;
     const double work = n_groups * (kv_bytes(n_tok) / c.tiled_bw + macs(n_tok, n_seq) / c.tiled_mac);
