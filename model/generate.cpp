@@ -2,6 +2,7 @@
 
 #include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
 
+#include <tbb/info.h>
 #include <tbb/task_arena.h>
 
 #include <algorithm>
@@ -82,9 +83,10 @@ namespace {
 class Generation {
  public:
   Generation(const llama::Model& model, const std::vector<std::vector<int32_t>>& prompts, const GenerateParams& params,
-             const std::function<bool(int32_t)>& is_eog, GenerateResult& res)
-      : model_(model), hp_(model.hparams()), prompts_(prompts), params_(params), is_eog_(is_eog), res_(res),
-        n_seq_(int(prompts.size()) * params.n_parallel) {}
+             const std::function<bool(int32_t)>& is_eog, const std::function<void(int, int32_t)>& on_token,
+             GenerateResult& res)
+      : model_(model), hp_(model.hparams()), prompts_(prompts), params_(params), is_eog_(is_eog),
+        on_token_(on_token), res_(res), n_seq_(int(prompts.size()) * params.n_parallel) {}
 
   void prefill();
   void start_sequences();
@@ -99,6 +101,7 @@ class Generation {
   const std::vector<std::vector<int32_t>>& prompts_;
   const GenerateParams& params_;
   const std::function<bool(int32_t)>& is_eog_;
+  const std::function<void(int, int32_t)>& on_token_;
   GenerateResult& res_;
   const int n_seq_;
   std::unique_ptr<TreeCache> prompt_cache_;  // the prompts' tree, until the sequences start
@@ -195,6 +198,7 @@ void Generation::accept(int s, int32_t tok) {
     return;
   }
   sq.tokens.push_back(tok);
+  if (on_token_) on_token_(s, tok);
   if (int64_t(sq.tokens.size()) >= params_.n_predict) {
     sq.stop = "length";
     active_[size_t(s)] = 0;
@@ -233,7 +237,7 @@ bool Generation::decode_step(int step, const std::function<void(int, const StepS
     ++next_pos_[size_t(s)];
     accept(s, samplers_[size_t(s)].sample(logits.data() + int64_t(r) * hp_.n_vocab, hp_.n_vocab));
   }
-  const StepStat stat{ms_since(t_step), tm.attention * 1e3, plan_ms, int(row_seq.size())};
+  const StepStat stat{ms_since(t_step), tm.attention * 1e3, plan_ms, int(row_seq.size()), cache_->kv_bytes()};
   res_.n_decode_tokens += stat.n_active;
   res_.steps.push_back(stat);
   if (on_step) on_step(step, stat);
@@ -250,7 +254,8 @@ void Generation::finish() {
 
 GenerateResult generate(const llama::Model& model, const std::vector<std::vector<int32_t>>& prompts,
                         const GenerateParams& params, const std::function<bool(int32_t)>& is_eog,
-                        const std::function<void(int, const StepStat&)>& on_step) {
+                        const std::function<void(int, const StepStat&)>& on_step,
+                        const std::function<void(int, int32_t)>& on_token) {
   params.validate();
   CASCADE_CHECK(!prompts.empty(), "no prompts");
   const llama::Hparams& hp = model.hparams();
@@ -265,7 +270,9 @@ GenerateResult generate(const llama::Model& model, const std::vector<std::vector
   const int n_seq = int(prompts.size()) * params.n_parallel;
   CASCADE_CHECK(params.attn != AttnMethod::unified || n_seq <= 64 * 1024, "too many sequences (", n_seq, ")");
 
-  tbb::task_arena arena(params.n_threads > 0 ? params.n_threads : tbb::task_arena::automatic);
+  // Never more threads than the machine has: oneTBB would warn on stderr and run with fewer anyway.
+  tbb::task_arena arena(params.n_threads > 0 ? std::min(params.n_threads, tbb::info::default_concurrency())
+                                            : tbb::task_arena::automatic);
   arena.execute([&] {
     res.tree = make_prompt_tree(prompts);
     res.n_prompt_stored = res.tree.n_tokens();
@@ -273,10 +280,10 @@ GenerateResult generate(const llama::Model& model, const std::vector<std::vector
     if (!p.cost_model && p.attn == AttnMethod::auto_ && n_seq >= 2) {
       // Calibrated once up front, timed on its own, so no prefill or decode step carries it.
       const auto t_cal = Clock::now();
-      p.cost_model = calibrate(p.n_threads, hp.head_shape());
+      p.cost_model = calibrate(p.n_threads, hp.head_shape(), p.kv_dtype);
       res.calibrate_ms = ms_since(t_cal);
     }
-    Generation gen(model, prompts, p, is_eog, res);
+    Generation gen(model, prompts, p, is_eog, on_token, res);
     const auto t_prompt = Clock::now();
     gen.prefill();
     gen.start_sequences();

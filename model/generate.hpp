@@ -46,7 +46,7 @@ struct GenerateParams {
   int n_predict = 64;   // tokens per sequence, at most
   int n_parallel = 4;   // sequences per prompt
   int64_t n_ctx = 0;    // positions per sequence (prompt + generated); 0: the model's training context
-  int n_threads = 0;    // 0: all of the machine's
+  int n_threads = 0;    // 0: all of the machine's; more than the machine has runs with all of them
   int n_batch = 512;    // prompt tokens per prefill pass (bounds the prefill's memory)
   AttnMethod attn = AttnMethod::auto_;  // cascade, regrouped where a shared pass does not pay
   DType kv_dtype = DType::f16;
@@ -66,6 +66,7 @@ struct StepStat {
   double attn_ms = 0;  // attention calls inside it (running the step's plan in every layer)
   double plan_ms = 0;  // planning the step's attention, once for all layers (KvCache::begin_step)
   int n_active = 0;    // sequences decoded in it
+  size_t kv_bytes = 0;  // K/V stored after it, over all layers (each copy counted)
 };
 
 struct GenerateResult {
@@ -83,9 +84,12 @@ struct GenerateResult {
   size_t kv_bytes = 0;           // and their bytes over all layers
 };
 
-// on_step(index, stat) runs after every decode step (progress, periodic statistics).
+// on_step(index, stat) runs after every decode step (progress, periodic statistics). on_token(s, id) runs
+// for every token that becomes part of sequence s, in order (its first from the prompt's logits, then one
+// per decode step; never the end-of-generation token): streaming a sequence's text as it is generated.
 GenerateResult generate(const llama::Model& model, const std::vector<std::vector<int32_t>>& prompts,
                         const GenerateParams& params, const std::function<bool(int32_t)>& is_eog,
-                        const std::function<void(int, const StepStat&)>& on_step = {});
+                        const std::function<void(int, const StepStat&)>& on_step = {},
+                        const std::function<void(int, int32_t)>& on_token = {});
 
 }  // namespace cascade

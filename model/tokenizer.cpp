@@ -457,24 +457,23 @@ std::string Tokenizer::token_piece(int32_t id) const {
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool render_special) const {
   std::string out;
-  bool first_text = true;
-  for (const int32_t id : ids) {
-    check_id(id);
-    const TokenType type = token_type(id);
-    if (type == TokenType::control || type == TokenType::unknown) {
-      if (render_special) out += piece_[size_t(id)];
-      continue;
-    }
-    std::string_view p = piece_[size_t(id)];
-    // SentencePiece: encode prefixed the text with a space; its first text piece gives it back.
-    if (first_text && kind_ == Kind::spm && vocab_.add_space_prefix && type == TokenType::normal &&
-        !p.empty() && p[0] == ' ') {
-      p.remove_prefix(1);
-    }
-    first_text = false;
-    out += p;
-  }
+  DecodeState state;
+  for (const int32_t id : ids) out += decode_next(id, state, render_special);
   return out;
+}
+
+std::string Tokenizer::decode_next(int32_t id, DecodeState& state, bool render_special) const {
+  check_id(id);
+  const TokenType type = token_type(id);
+  if (type == TokenType::control || type == TokenType::unknown) return render_special ? piece_[size_t(id)] : "";
+  std::string_view p = piece_[size_t(id)];
+  // SentencePiece: encode prefixed the text with a space; its first text piece gives it back.
+  if (state.first_text && kind_ == Kind::spm && vocab_.add_space_prefix && type == TokenType::normal && !p.empty() &&
+      p[0] == ' ') {
+    p.remove_prefix(1);
+  }
+  state.first_text = false;
+  return std::string(p);
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {

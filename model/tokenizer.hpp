@@ -80,6 +80,14 @@ class Tokenizer {
   // The text of the ids; any id outside [0, n_vocab) throws cascade::Error.
   std::string decode(const std::vector<int32_t>& ids, bool render_special = true) const;
 
+  // The same, one token at a time (streaming a text as it is generated): decode(ids) is the concatenation
+  // of decode_next(id, state) over ids, starting from one fresh DecodeState. A piece may end inside a
+  // multi-byte UTF-8 character that the next piece completes.
+  struct DecodeState {
+    bool first_text = true;  // no text piece decoded yet
+  };
+  std::string decode_next(int32_t id, DecodeState& state, bool render_special = true) const;
+
   // The bytes one token stands for (control tokens: their text). No leading-space removal.
   std::string token_piece(int32_t id) const;
 

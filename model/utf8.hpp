@@ -47,4 +47,17 @@ inline int64_t first_invalid(std::string_view s) {
   return -1;
 }
 
+// The length of s without its last sequence when that one is cut short (a lead byte followed by fewer
+// continuation bytes than it announces): what can be shown now of a text whose next bytes are still to come.
+inline size_t complete_prefix(std::string_view s) {
+  const size_t n = s.size();
+  for (size_t back = 1; back <= 4 && back <= n; ++back) {
+    const auto c = static_cast<uint8_t>(s[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: its lead is further back
+    const size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+    return need > back ? n - back : n;
+  }
+  return n;
+}
+
 }  // namespace cascade::utf8

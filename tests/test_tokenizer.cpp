@@ -380,6 +380,37 @@ TEST_CASE("tokenizer: SentencePiece: BOS, space prefix and its removal") {
   CHECK(tok.decode(tok.encode(bad, false, false)) == bad);
 }
 
+TEST_CASE("tokenizer: decode_next, one token at a time, gives the text decode gives") {
+  for (const char* name : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf"}) {
+    CAPTURE(name);
+    const Tokenizer tok = load(kVectors + name);
+    // The vectors' own texts are the reference where they round-trip (see run_vectors).
+    for (const Case& c : read_cases(kVectors + name)) {
+      const std::vector<int32_t> ids = tok.encode(c.text, /*add_special=*/true, false);
+      for (bool special : {false, true}) {
+        Tokenizer::DecodeState state;
+        std::string streamed;
+        for (int32_t id : ids) streamed += tok.decode_next(id, state, special);
+        CHECK(streamed == tok.decode(ids, special));
+        if (!special && (valid_utf8(c.text) || tok.vocab().model == "llama")) CHECK(streamed == c.text);
+      }
+    }
+    // Random ids, control tokens among them, in every order.
+    std::mt19937 rng(11);
+    std::uniform_int_distribution<int32_t> any(0, tok.n_vocab() - 1);
+    for (int rep = 0; rep < 50; ++rep) {
+      std::vector<int32_t> ids(size_t(1 + rep % 7));
+      for (int32_t& id : ids) id = rep % 3 == 0 ? int32_t(rng() % 4) : any(rng);
+      Tokenizer::DecodeState state;
+      std::string streamed;
+      for (int32_t id : ids) streamed += tok.decode_next(id, state, false);
+      CHECK(streamed == tok.decode(ids, false));
+    }
+    Tokenizer::DecodeState state;
+    CHECK_THROWS_AS(tok.decode_next(tok.n_vocab(), state), cascade::Error);
+  }
+}
+
 TEST_CASE("tokenizer: vocabulary validation") {
   SUBCASE("Tokenizer checks a hand-made Vocab") {
     Vocab v = byte_level_vocab("gpt-2", {});
