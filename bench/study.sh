@@ -115,11 +115,17 @@ gen_methods="unified split cascade"
 if "$gen" --help 2>&1 | grep -q "auto"; then gen_methods="$gen_methods auto"; fi
 sampling=(--temp 1.5 --top-k 0 --top-p 1 --min-p 0 -s 42)
 if "$gen" --help 2>&1 | grep -q -- "--ignore-eos"; then sampling+=(--ignore-eos); fi
+# auto calibrates afresh in every run (where the tool keeps its profile in the user's cache, --recalibrate),
+# so each run's profile is this machine's now and its calibration time is reported, as before the cache.
+recalibrate=()
+if "$gen" --help 2>&1 | grep -q -- "--recalibrate"; then recalibrate=(--recalibrate); fi
 decode() {  # name, model, n_parallel, n_predict
-  local name="$1" m="$2" np="$3" n="$4" attn
+  local name="$1" m="$2" np="$3" n="$4" attn extra
   for attn in $gen_methods; do
     log "decode $name --attn $attn (-np $np -n $n)"
-    "$gen" -m "$m" -f "$prompt" -np "$np" -n "$n" "${sampling[@]}" --attn "$attn" --json \
+    extra=()
+    if [ "$attn" = auto ]; then extra=("${recalibrate[@]}"); fi
+    "$gen" -m "$m" -f "$prompt" -np "$np" -n "$n" "${sampling[@]}" --attn "$attn" "${extra[@]}" --json \
       > "$raw/decode-$name-$attn.json" 2> "$raw/decode-$name-$attn.log"
   done
 }

@@ -2,6 +2,8 @@
 // methods give the same greedy text, prompts sharing a beginning share it, and cascade-generate's seeds, chat
 // mode and bad-input handling.
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <sys/wait.h>
@@ -20,6 +22,7 @@
 #include "model/gguf.hpp"
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
+#include "tool_run.hpp"
 
 using namespace cascade;
 
@@ -46,35 +49,12 @@ const Loaded& loaded() {
   return *l;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using tool_run::read_file;
+using tool_run::Run;
 
-struct Run {
-  int rc = -1;
-  std::string out, err;
-};
-
-// Runs the tool with args (already shell-quoted), capturing stdout and stderr.
-Run run_tool(const std::string& args) {
-  // One pair of files per call: ctest runs the suite's cases in parallel processes.
-  static int n_calls = 0;
-  const std::string dir = CASCADE_BINARY_DIR "/tests";
-  const std::string tag = std::to_string(getpid()) + "_" + std::to_string(n_calls++);
-  const std::string out = dir + "/gen_out_" + tag + ".txt", err = dir + "/gen_err_" + tag + ".txt";
-  const std::string cmd = kTool + " " + args + " >" + out + " 2>" + err;
-  const int st = std::system(cmd.c_str());
-  Run r;
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-  r.out = read_file(out);
-  r.err = read_file(err);
-  std::remove(out.c_str());
-  std::remove(err.c_str());
-  return r;
-}
+// Runs the tool with args (already shell-quoted), capturing stdout and stderr; auto's profile cache is
+// the suite's (tool_run.hpp), not the user's.
+Run run_tool(const std::string& args, const std::string& env = "") { return tool_run::run(kTool, args, env); }
 
 int count_lines(const std::string& s) {
   int n = 0;
@@ -276,6 +256,8 @@ TEST_CASE("generate: bad input gives one error line, nothing on stdout, exit cod
       "-p a -f b",
       "--cost-model",
       "--cost-model ''",
+      "--stream --json",
+      "--attn split --recalibrate",
   };
   for (const std::string& args : cases) {
     CAPTURE(args);
@@ -408,4 +390,102 @@ TEST_CASE("generate: --cost-model writes the calibrated profile once and reads i
   REQUIRE(third.rc == 0);
   CHECK(third.out == first.out);
   std::remove(path.c_str());
+}
+
+TEST_CASE("generate: on_token gives every sequence's tokens in order, and each step its K/V bytes") {
+  require_model();
+  const Loaded& m = loaded();
+  std::vector<std::vector<int32_t>> prompts;
+  for (const std::string& p : kPrompts) prompts.push_back(m.tok.encode(p));
+  GenerateParams gp;
+  gp.n_predict = 12;
+  gp.n_parallel = 2;
+  gp.sampling.temp = 1.0f;
+  gp.sampling.seed = 5;
+  for (AttnMethod method : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified}) {
+    CAPTURE(attn_method_name(method));
+    gp.attn = method;
+    std::vector<std::vector<int32_t>> seen(prompts.size() * 2);
+    std::vector<size_t> step_bytes;
+    const GenerateResult r = generate(
+        m.model, prompts, gp, [&](int32_t id) { return m.tok.is_eog(id); },
+        [&](int, const StepStat& st) { step_bytes.push_back(st.kv_bytes); },
+        [&](int s, int32_t id) {
+          REQUIRE(s >= 0);
+          REQUIRE(size_t(s) < seen.size());
+          seen[size_t(s)].push_back(id);
+        });
+    for (size_t s = 0; s < seen.size(); ++s) CHECK(seen[s] == r.sequences[s].tokens);
+    REQUIRE(!step_bytes.empty());
+    CHECK(step_bytes.back() == r.kv_bytes);
+    for (size_t i = 1; i < step_bytes.size(); ++i) CHECK(step_bytes[i] > step_bytes[i - 1]);  // one token more each
+  }
+}
+
+namespace {
+
+// The hardware threads this process may use, from the kernel (the reference for the tool's cap).
+int affinity_threads() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
+  return CPU_COUNT(&set);
+}
+
+// What f writes to this process's stderr (fd 2, where oneTBB writes its warnings).
+template <class F>
+std::string stderr_of(F&& f) {
+  const std::string path = tool_run::temp_path("stderr");
+  std::fflush(stderr);
+  const int saved = dup(2);
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  REQUIRE(saved >= 0);
+  REQUIRE(fd >= 0);
+  dup2(fd, 2);
+  close(fd);
+  f();
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  const std::string text = read_file(path);
+  std::remove(path.c_str());
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("generate: -t above the hardware threads is capped with one note of ours, no oneTBB warning") {
+  require_model();
+  const int hw = affinity_threads();
+  const std::string base = std::string("-m ") + kModel + " -p 'Tell me a story' --temp 0 -n 6 -np 2 --json ";
+  for (const int t : {hw + 1, 1000, 4096}) {
+    CAPTURE(t);
+    const Run r = run_tool(base + "-t " + std::to_string(t));
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    CHECK(count_lines(r.err.substr(0, r.err.find("cascade-generate: 1 prompt"))) == 1);  // the note, alone
+    CHECK(r.err.find("cascade-generate: note: -t " + std::to_string(t) + " is more than the " + std::to_string(hw) +
+                     " hardware threads this process may use; using " + std::to_string(hw) + "\n") == 0);
+    CHECK(r.err.find(", " + std::to_string(hw) + " threads") != std::string::npos);  // the startup line
+    CHECK(r.out.find("\"n_threads\":" + std::to_string(hw) + ",") != std::string::npos);
+    CHECK(r.err.find("TBB") == std::string::npos);
+    CHECK(r.err.find("note:") == r.err.rfind("note:"));  // one note
+  }
+  for (const int t : {1, hw}) {
+    const Run r = run_tool(base + "-t " + std::to_string(t));
+    REQUIRE(r.rc == 0);
+    CHECK(r.err.find("note:") == std::string::npos);
+    CHECK(r.out.find("\"n_threads\":" + std::to_string(t) + ",") != std::string::npos);
+  }
+  // The library caps too: generate() with more threads than the machine prints nothing (oneTBB included).
+  const Loaded& m = loaded();
+  GenerateParams gp;
+  gp.n_predict = 4;
+  gp.n_parallel = 2;
+  gp.n_threads = 1000;
+  gp.attn = AttnMethod::cascade;
+  GenerateResult r;
+  const std::string err = stderr_of([&] { r = generate(m.model, {m.tok.encode("Hello")}, gp, nullptr); });
+  CHECK(err.empty());
+  CHECK(r.sequences.size() == 2);
 }

@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "tool_run.hpp"
+
 namespace fs = std::filesystem;
 using cascade::CostModel;
 using cascade::DType;
@@ -345,3 +347,125 @@ TEST_CASE("profile cache: calibrate_cached calibrates on this machine once, then
   fs::remove_all(dir);
 }
 
+// --- cascade-generate keeps auto's profile in the cache --------------------------------------------------
+
+namespace {
+
+const std::string kTool = CASCADE_BINARY_DIR "/tools/cascade-generate";
+
+// Greedy, fixed length, 2 sequences (so auto has a choice to make and needs a profile).
+std::string gen_args(const std::string& extra = "") {
+  return std::string("-m ") + tool_run::quote(CASCADE_MODEL_PATH) +
+         " -p 'Three things every garden needs are' --temp 0 -n 10 --ignore-eos -np 2 -t 1 " + extra;
+}
+
+tool_run::Run gen(const std::string& cache_home, const std::string& extra = "") {
+  return tool_run::run(kTool, gen_args(extra), "XDG_CACHE_HOME=" + tool_run::quote(cache_home));
+}
+
+int count(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+
+// The cost_model_source field of the tool's --json output.
+std::string json_source(const std::string& out) {
+  const std::string key = "\"cost_model_source\":\"";
+  const size_t at = out.find(key);
+  if (at == std::string::npos) return "";
+  return out.substr(at + key.size(), out.find('"', at + key.size()) - at - key.size());
+}
+
+}  // namespace
+
+TEST_CASE("profile cache: cascade-generate calibrates once per machine and key, then reads the profile") {
+  REQUIRE_MESSAGE(fs::exists(CASCADE_MODEL_PATH), "the model is missing: run `bash scripts/setup.sh`");
+  const fs::path home = fresh_dir("gen_cache_home");
+  const fs::path dir = home / "cascade";
+  const tool_run::Run first = gen(home.string());
+  REQUIRE(first.rc == 0);
+  INFO(first.err);
+  const std::vector<std::string> files = names_in(dir);
+  REQUIRE(files.size() == 1);
+  const std::string file = (dir / files[0]).string();
+  CHECK(first.err.find("auto's profile calibrated in ") != std::string::npos);
+  CHECK(first.err.find(" and written to " + file + "\n") != std::string::npos);
+  CHECK(first.err.find("auto calibration = ") != std::string::npos);
+  // The file is the profile of this machine's key: 1 thread, the model's 3 KV heads of 64, f16.
+  const std::string text = read(file);
+  CHECK(text.rfind("cascade-profile 1\n" + ProfileKey::here(1, HeadShape{9, 3, 64}, DType::f16).text(), 0) == 0);
+
+  const tool_run::Run second = gen(home.string(), "--json");
+  REQUIRE(second.rc == 0);
+  CHECK(second.err.find("auto's profile from the cache (" + file + ")") != std::string::npos);
+  CHECK(second.err.find("auto calibration") == std::string::npos);
+  CHECK(json_source(second.out) == "cache");
+  CHECK(second.out.find("\"calibrate_ms\":0,") != std::string::npos);
+  CHECK(read(file) == text);  // read, not rewritten
+  const tool_run::Run third = gen(home.string());
+  CHECK(third.out == first.out);  // same greedy text from the cached profile
+
+  // A changed key (thread count, K/V type) calibrates and keeps a profile of its own.
+  const tool_run::Run t2 = gen(home.string(), "-t 2");  // the later -t wins
+  REQUIRE(t2.rc == 0);
+  const int n_threads = tbb::info::default_concurrency();
+  CHECK(names_in(dir).size() == (n_threads >= 2 ? 2u : 1u));
+  const tool_run::Run f32 = gen(home.string(), "--kv-type f32");
+  REQUIRE(f32.rc == 0);
+  CHECK(f32.err.find("auto's profile calibrated in ") != std::string::npos);
+  CHECK(names_in(dir).size() == (n_threads >= 2 ? 3u : 2u));
+  CHECK(gen(home.string(), "--kv-type f32").err.find("from the cache") != std::string::npos);
+
+  // --recalibrate measures anew and replaces the profile.
+  const tool_run::Run re = gen(home.string(), "--recalibrate --json");
+  REQUIRE(re.rc == 0);
+  CHECK(json_source(re.out) == "calibrated");
+  CHECK(re.err.find("written to " + file) != std::string::npos);
+  CHECK(read(file) != text);  // a new measurement (rates to 9 digits)
+
+  // --cost-model FILE overrides the cache: neither read nor written.
+  const fs::path other_home = fresh_dir("gen_cache_other");
+  const std::string profile = (other_home.string() + "_profile.txt");
+  const tool_run::Run own = gen(other_home.string(), "--cost-model " + profile);
+  REQUIRE(own.rc == 0);
+  CHECK(own.err.find("written to " + profile) != std::string::npos);
+  CHECK(!fs::exists(other_home));
+  const tool_run::Run own2 = gen(other_home.string(), "--cost-model " + profile + " --json");
+  CHECK(own2.err.find("auto's profile read from " + profile) != std::string::npos);
+  CHECK(json_source(own2.out) == "file");
+  CHECK(!fs::exists(other_home));
+
+  // Methods that need no profile, and a single sequence, neither read nor calibrate one.
+  const tool_run::Run cascade_run = gen(other_home.string(), "--attn cascade --json");
+  CHECK(json_source(cascade_run.out) == "none");
+  CHECK(cascade_run.err.find("profile") == std::string::npos);
+  CHECK(!fs::exists(other_home));
+  fs::remove(profile);
+  fs::remove_all(home);
+}
+
+TEST_CASE("profile cache: cascade-generate with an unusable cache folder runs as before, with one note") {
+  REQUIRE_MESSAGE(fs::exists(CASCADE_MODEL_PATH), "the model is missing: run `bash scripts/setup.sh`");
+  const fs::path base = fresh_dir("gen_cache_bad");
+  fs::create_directories(base);
+  std::ofstream(base / "a_file") << "not a folder\n";
+  const tool_run::Run reference = gen((base / "ok").string());
+  REQUIRE(reference.rc == 0);
+  for (int rep = 0; rep < 2; ++rep) {
+    const tool_run::Run r = gen((base / "a_file").string());
+    INFO(r.err);
+    CHECK(r.rc == 0);
+    CHECK(r.out == reference.out);
+    CHECK(count(r.err, "note:") == 1);
+    CHECK(count(r.err, "cascade-generate: note: cannot keep the profile in " + (base / "a_file" / "cascade").string()) == 1);
+    CHECK(r.err.find("for this run only") != std::string::npos);
+    CHECK(r.err.find("error") == std::string::npos);
+  }
+  // No XDG_CACHE_HOME: $HOME/.cache/cascade.
+  const fs::path home = base / "home";
+  const tool_run::Run h = tool_run::run(kTool, gen_args(), "XDG_CACHE_HOME= HOME=" + tool_run::quote(home.string()));
+  CHECK(h.rc == 0);
+  CHECK(names_in(home / ".cache" / "cascade").size() == 1);
+  fs::remove_all(base);
+}

@@ -3,11 +3,17 @@
 //
 //   cascade-generate [-m MODEL.gguf] [-p TEXT | -f FILE] [-n N] [-np N] [-c N] [-t N] [-b N] [--temp T]
 //                    [--top-k K] [--top-p P] [--min-p P] [-s SEED] [--attn auto|cascade|split|unified]
-//                    [--cost-model FILE] [--kv-type f16|f32] [--chat] [--ignore-eos] [--stats-every N] [--json]
+//                    [--cost-model FILE] [--recalibrate] [--kv-type f16|f32] [--chat] [--ignore-eos]
+//                    [--stats-every N] [--stream] [--json]
 //
-// stdout: each sequence's text (or, with --json, one JSON object). stderr: progress, the periodic
-// `decode[STEP]: X ms, avg Y ms` lines and the final timings. Any problem: exactly one line
+// stdout: each sequence's text (or, with --json, one JSON object). stderr: the startup line, notes, the
+// periodic `decode[STEP]: X ms, avg Y ms` lines and the final timings. Any problem: exactly one line
 // `cascade-generate: error: ...` on stderr, nothing on stdout, exit code 1.
+//
+// On a terminal (terminal.hpp), and never with --json: stderr shows a progress line that updates in place,
+// and with -np 1 the first sequence's text streams to stdout as it is generated (then, stdout being the
+// same terminal, it is the progress and the line is not drawn). Written to a file or a pipe, both outputs
+// are exactly as without a terminal.
 //
 // JSON strings: valid UTF-8 is written as is (control characters as \u00XX, `"` and `\` escaped); every
 // byte that is not part of valid UTF-8 becomes \uFFFD, so the output is always valid JSON and valid UTF-8.
@@ -17,6 +23,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -31,6 +38,8 @@
 #include <string_view>
 #include <vector>
 
+#include "cascade/cpu/calibrate.hpp"
+#include "cascade/cpu/profile_cache.hpp"
 #include "cascade/error.hpp"
 #include "model/chat.hpp"
 #include "model/generate.hpp"
@@ -38,6 +47,7 @@
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
 #include "model/utf8.hpp"
+#include "tools/terminal.hpp"
 
 namespace {
 
@@ -51,7 +61,7 @@ constexpr const char* kUsage =
     "  -n, --n-predict N     tokens to generate per sequence (default 64)\n"
     "  -np, --parallel N     sequences per prompt (default 4)\n"
     "  -c, --ctx-size N      positions per sequence, prompt included (default 0: the model's)\n"
-    "  -t, --threads N       threads (default: all)\n"
+    "  -t, --threads N       threads (default: all; more than the machine's hardware threads: all)\n"
     "  -b, --batch-size N    prompt tokens per prefill pass (default 512)\n"
     "  --temp T              temperature, 0 = greedy (default 0.8)\n"
     "  --top-k K             keep the K most likely tokens, 0 = all (default 40)\n"
@@ -60,15 +70,20 @@ constexpr const char* kUsage =
     "  -s, --seed N          random seed, -1 = random (default -1)\n"
     "  --attn METHOD         auto (default: cascade, with each shared span attended once for all the\n"
     "                        sequences or folded into them, as a cost model calibrated on this machine\n"
-    "                        once at start predicts faster, include/cascade/auto.hpp),\n"
-    "                        cascade, split or unified\n"
-    "  --cost-model FILE     auto's cost model: read this profile when FILE exists, else calibrate at the\n"
-    "                        start and write the profile to FILE (later runs skip calibration)\n"
+    "                        predicts faster, include/cascade/auto.hpp), cascade, split or unified\n"
+    "                        auto's profile is kept per machine, thread count, head shape and K/V type in\n"
+    "                        $XDG_CACHE_HOME/cascade (else ~/.cache/cascade) and calibrated (about 0.3 s)\n"
+    "                        only when none matches; the startup line says which is used\n"
+    "  --cost-model FILE     auto's profile from FILE instead of the cache: read when FILE exists, else\n"
+    "                        calibrated at the start and written to FILE\n"
+    "  --recalibrate         calibrate auto's profile anew and store it (in the cache, or FILE)\n"
     "  --kv-type TYPE        K/V storage: f16 (default) or f32\n"
     "  --chat                wrap each prompt in the model's chat template as a user message\n"
     "  --ignore-eos          keep generating past end-of-generation tokens (fixed-length runs for timing)\n"
     "  --stats-every N       print the decode step time every N steps (default 0: off)\n"
-    "  --json                print one JSON object on stdout instead of the texts\n";
+    "  --stream              print the first sequence's text as it is generated (default: with -np 1\n"
+    "                        when stdout is a terminal); on a terminal stderr shows a progress line\n"
+    "  --json                print one JSON object on stdout instead of the texts (no progress, no stream)\n";
 
 struct Options {
   std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -78,6 +93,8 @@ struct Options {
   bool chat = false;
   bool ignore_eos = false;
   bool json = false;
+  bool stream = false;
+  bool recalibrate = false;
   int stats_every = 0;
 };
 
@@ -154,6 +171,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
     } else if (a == "--cost-model") {
       o.cost_model = value();
       CASCADE_CHECK(!o.cost_model->empty(), "--cost-model needs a file name");
+    } else if (a == "--recalibrate") {
+      o.recalibrate = true;
     } else if (a == "--kv-type") {
       const std::string v = value();
       CASCADE_CHECK(v == "f16" || v == "f32", "--kv-type must be f16 or f32 (got '", v, "')");
@@ -164,6 +183,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
       o.ignore_eos = true;
     } else if (a == "--json") {
       o.json = true;
+    } else if (a == "--stream") {
+      o.stream = true;
     } else if (a == "--stats-every") {
       o.stats_every = int(parse_int(a, value(), 0, kMaxInt));
     } else if (a == "-h" || a == "--help") {
@@ -173,6 +194,9 @@ std::optional<Options> parse_args(int argc, char** argv) {
     }
   }
   CASCADE_CHECK(!(o.prompt && o.file), "give either -p or -f, not both");
+  CASCADE_CHECK(!(o.stream && o.json), "give either --stream or --json, not both");
+  CASCADE_CHECK(!o.recalibrate || o.gen.attn == cascade::AttnMethod::auto_,
+                "--recalibrate is for --attn auto (got --attn ", cascade::attn_method_name(o.gen.attn), ")");
   if (o.random_seed) o.gen.sampling.seed = (uint64_t(std::random_device{}()) << 32) | std::random_device{}();
   return o;
 }
@@ -308,25 +332,115 @@ void check_cache_fits(const Options& o, const cascade::llama::Hparams& hp,
                 " of memory is available: lower -np, -n or -c");
 }
 
-// auto's profile (--cost-model): read into gen when the file exists; else check it can be written once
-// calibrated, and return true (save it after the run).
-bool use_cost_model_file(const Options& o, cascade::GenerateParams& gen) {
-  if (!o.cost_model) return false;
+// --cost-model FILE, checked before any work starts: the profile it holds when it exists (and
+// --recalibrate is not given); else FILE must be writable, for the profile calibrated at the start.
+std::optional<cascade::CostModel> read_cost_model_file(const Options& o) {
+  if (!o.cost_model) return std::nullopt;
   const std::string& path = *o.cost_model;
   CASCADE_CHECK(o.gen.attn == cascade::AttnMethod::auto_, "--cost-model is for --attn auto (got --attn ",
                 cascade::attn_method_name(o.gen.attn), ")");
   std::error_code ec;
-  if (std::filesystem::exists(path, ec)) {
-    CASCADE_CHECK(std::filesystem::is_regular_file(path, ec), "cost model profile '", path, "' is not a file");
-    gen.cost_model = cascade::CostModel::load(path);
-    return false;
-  }
+  const bool exists = std::filesystem::exists(path, ec);
+  if (exists) CASCADE_CHECK(std::filesystem::is_regular_file(path, ec), "cost model profile '", path, "' is not a file");
+  if (exists && !o.recalibrate) return cascade::CostModel::load(path);
   {
-    std::ofstream probe(path);
+    std::ofstream probe(path, std::ios::app);
     CASCADE_CHECK(bool(probe), "cannot write the cost model profile '", path, "'");
   }
-  std::filesystem::remove(path, ec);
-  return true;
+  if (!exists) std::filesystem::remove(path, ec);
+  return std::nullopt;
+}
+
+// The threads to run with: -t, capped at the hardware threads this process may use (oneTBB's default
+// concurrency) with one note when it was above them (oneTBB would print its own warning and use fewer).
+int threads_to_use(const Options& o) {
+  const int available = tbb::info::default_concurrency();
+  if (o.gen.n_threads <= 0) return available;
+  if (o.gen.n_threads <= available) return o.gen.n_threads;
+  std::fprintf(stderr, "cascade-generate: note: -t %d is more than the %d hardware threads this process may use; "
+               "using %d\n", o.gen.n_threads, available, available);
+  return available;
+}
+
+// auto's profile for this run and where it came from.
+struct Profile {
+  enum class Source { none, file, cache, calibrated };
+  Source source = Source::none;  // none: another method, or one sequence (nothing to choose)
+  std::string path;              // the file read or written; empty when none
+  double calibrate_ms = 0;       // 0 unless calibrated now
+  const char* source_name() const {
+    switch (source) {
+      case Source::file: return "file";
+      case Source::cache: return "cache";
+      case Source::calibrated: return "calibrated";
+      case Source::none: break;
+    }
+    return "none";
+  }
+  // For the startup line: ", auto's profile ..." or nothing.
+  std::string describe() const {
+    char ms[32];
+    std::snprintf(ms, sizeof ms, "%.2f s", calibrate_ms / 1e3);
+    switch (source) {
+      case Source::none: return "";
+      case Source::file: return ", auto's profile read from " + path;
+      case Source::cache: return ", auto's profile from the cache (" + path + ")";
+      case Source::calibrated:
+        return ", auto's profile calibrated in " + std::string(ms) +
+               (path.empty() ? " for this run only" : " and written to " + path);
+    }
+    return "";
+  }
+};
+
+// Puts auto's profile into gen when the run needs one: from --cost-model FILE (given as from_file when it
+// exists), else the per-machine cache (cpu/profile_cache.hpp), else calibrated now and written to FILE or the
+// cache. Cache problems are one note on stderr, never an error.
+Profile get_profile(const Options& o, cascade::GenerateParams& gen, const cascade::HeadShape& shape,
+                    std::optional<cascade::CostModel> from_file, bool needed, cascade::term::Progress& progress) {
+  Profile p;
+  if (from_file) {
+    gen.cost_model = std::move(from_file);
+    p.source = Profile::Source::file;
+    p.path = *o.cost_model;
+    return p;
+  }
+  if (!needed) return p;
+  const auto calibrate = [&] {
+    progress.status("calibrating auto's cost model on this machine...");
+    cascade::CostModel m = cascade::calibrate(gen.n_threads, shape, gen.kv_dtype);
+    progress.clear();
+    return m;
+  };
+  if (o.cost_model) {
+    const auto t0 = std::chrono::steady_clock::now();
+    gen.cost_model = calibrate();
+    p.calibrate_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    gen.cost_model->save(*o.cost_model);
+    p.source = Profile::Source::calibrated;
+    p.path = *o.cost_model;
+    return p;
+  }
+  cascade::cpu::ProfileCacheOptions opt;
+  opt.recalibrate = o.recalibrate;
+  const cascade::cpu::CachedProfile c =
+      cascade::cpu::cached_profile(cascade::cpu::ProfileKey::here(gen.n_threads, shape, gen.kv_dtype), opt, calibrate);
+  if (!c.note.empty()) progress.print("cascade-generate: note: " + c.note + "\n");
+  gen.cost_model = c.model;
+  p.source = c.source == cascade::cpu::CachedProfile::Source::cache ? Profile::Source::cache
+                                                                    : Profile::Source::calibrated;
+  p.path = c.path.string();
+  p.calibrate_ms = c.calibrate_s * 1e3;
+  return p;
+}
+
+// The most decode steps the run can take: a sequence's first token comes from its prompt's prefill, each
+// step adds one, up to -n tokens or the context.
+int64_t most_decode_steps(const Options& o, const std::vector<std::vector<int32_t>>& prompts, int64_t n_ctx) {
+  int64_t most = 0;
+  for (const auto& ids : prompts)
+    most = std::max(most, std::min<int64_t>(o.gen.n_predict, n_ctx - int64_t(ids.size())) - 1);
+  return most;
 }
 
 // The decode steps summed: wall time, attention, planning, and attention's mean share of a step.
@@ -355,7 +469,7 @@ void json_array(std::ostringstream& js, const char* key, const std::vector<casca
 
 // --json: one object with the run's settings, timings, tree, per-step times and every sequence.
 void print_json(const Options& o, const cascade::GenerateResult& r, const std::vector<std::string>& texts,
-                int n_threads, size_t n_prompts) {
+                int n_threads, size_t n_prompts, const Profile& profile) {
   const DecodeTotals d(r);
   std::ostringstream js;
   js << "{\"model\":" << json_string(o.model) << ",\"attn\":\"" << cascade::attn_method_name(o.gen.attn)
@@ -364,7 +478,9 @@ void print_json(const Options& o, const cascade::GenerateResult& r, const std::v
      << ",\"n_predict\":" << o.gen.n_predict << ",\"n_prompts\":" << n_prompts
      << ",\"n_prompt_tokens\":" << r.n_prompt_tokens << ",\"n_prompt_stored\":" << r.n_prompt_stored
      << ",\"prompt_ms\":" << json_number(r.prompt_ms) << ",\"prompt_attn_ms\":" << json_number(r.prompt_attn_ms)
-     << ",\"calibrate_ms\":" << json_number(r.calibrate_ms) << ",\"prompt_tokens_per_s\":"
+     << ",\"calibrate_ms\":" << json_number(profile.calibrate_ms) << ",\"cost_model_source\":\""
+     << profile.source_name() << "\",\"cost_model_path\":"
+     << (profile.path.empty() ? std::string("null") : json_string(profile.path)) << ",\"prompt_tokens_per_s\":"
      << json_number(r.prompt_ms > 0 ? 1e3 * double(r.n_prompt_stored) / r.prompt_ms : 0)
      << ",\"n_decode_tokens\":" << r.n_decode_tokens << ",\"decode_ms\":" << json_number(d.ms)
      << ",\"decode_tokens_per_s\":" << json_number(d.tokens_per_s) << ",\"attn_ms\":" << json_number(d.attn_ms)
@@ -389,8 +505,24 @@ void print_json(const Options& o, const cascade::GenerateResult& r, const std::v
   std::fputs(js.str().c_str(), stdout);
 }
 
+// The line that opens the run on stderr: what runs, with how many threads, and auto's profile.
+std::string startup_line(const Options& o, size_t n_prompts, int n_threads, const Profile& profile) {
+  char head[256];
+  std::snprintf(head, sizeof head, "cascade-generate: %zu prompt(s), %d sequence(s) each, -n %d, --attn %s, K/V %s, %d threads",
+                n_prompts, o.gen.n_parallel, o.gen.n_predict, cascade::attn_method_name(o.gen.attn),
+                cascade::dtype_name(o.gen.kv_dtype), n_threads);
+  return std::string(head) + profile.describe() + "\n";
+}
+
+// The sequences' texts on stdout, from sequence `first` on (those before it were streamed).
+void print_texts(const cascade::GenerateResult& r, const std::vector<std::string>& texts, size_t first) {
+  for (size_t s = first; s < r.sequences.size(); ++s)
+    std::printf("--- sequence %zu (prompt %d, %s) ---\n%s\n", s, r.sequences[s].prompt + 1, r.sequences[s].stop.c_str(),
+                texts[s].c_str());
+}
+
 // The final timings on stderr, llama.cpp's lines and ours.
-void print_timings(const cascade::GenerateResult& r) {
+void print_timings(const cascade::GenerateResult& r, const Profile& profile) {
   const DecodeTotals d(r);
   const double n_steps = double(r.steps.size());
   for (size_t s = 0; s < r.sequences.size(); ++s)
@@ -411,9 +543,9 @@ void print_timings(const cascade::GenerateResult& r) {
                d.attn_ms, 100 * d.attn_share, r.prompt_attn_ms);
   std::fprintf(stderr, "attention plans  = %10.2f ms of decode (%.2f%% of each step), one plan per step for all layers\n",
                d.plan_ms, 100 * d.plan_share);
-  if (r.calibrate_ms > 0)
-    std::fprintf(stderr, "auto calibration = %10.2f ms, once, before the prefill (--cost-model FILE keeps it)\n",
-                 r.calibrate_ms);
+  if (profile.source == Profile::Source::calibrated)
+    std::fprintf(stderr, "auto calibration = %10.2f ms, once, before the prefill (%s)\n", profile.calibrate_ms,
+                 profile.path.empty() ? "for this run only" : ("kept in " + profile.path + " for later runs").c_str());
   std::fprintf(stderr, "prompt tokens    = %lld in the prompts, %lld stored in the tree (%zu nodes); K/V at the end: "
                "%lld tokens, %.2f MiB\n",
                static_cast<long long>(r.n_prompt_tokens), static_cast<long long>(r.n_prompt_stored),
@@ -436,36 +568,52 @@ int run(int argc, char** argv) {
   const int64_t n_ctx = o.gen.n_ctx > 0 ? o.gen.n_ctx : model.hparams().n_ctx_train;
   const std::vector<std::vector<int32_t>> prompts = tokenize_prompts(o, tok, texts, n_ctx);
   check_cache_fits(o, model.hparams(), prompts, n_ctx, avail);
-  cascade::GenerateParams gen = o.gen;
-  const bool save_cost_model = use_cost_model_file(o, gen);
+  std::optional<cascade::CostModel> profile_file = read_cost_model_file(o);
 
-  // From here on nothing fails on bad input: progress may go to stderr.
-  const int n_threads = o.gen.n_threads > 0 ? o.gen.n_threads : tbb::info::default_concurrency();
-  std::fprintf(stderr, "cascade-generate: %zu prompt(s), %d sequence(s) each, -n %d, --attn %s, K/V %s, %d threads\n",
-               prompts.size(), o.gen.n_parallel, o.gen.n_predict, cascade::attn_method_name(o.gen.attn),
-               cascade::dtype_name(o.gen.kv_dtype), n_threads);
+  // From here on nothing fails on bad input: notes and progress may go to stderr.
+  cascade::GenerateParams gen = o.gen;
+  gen.n_threads = threads_to_use(o);
+  namespace term = cascade::term;
+  const bool stream = !o.json && (o.stream || (o.gen.n_parallel == 1 && term::is_terminal(stdout)));
+  term::Progress progress(stderr, !o.json && term::is_terminal(stderr) && !(stream && term::is_terminal(stdout)),
+                          most_decode_steps(o, prompts, n_ctx));
+  const bool needs_profile = o.gen.attn == cascade::AttnMethod::auto_ && prompts.size() * size_t(o.gen.n_parallel) >= 2;
+  const Profile profile =
+      get_profile(o, gen, model.hparams().head_shape(), std::move(profile_file), needs_profile, progress);
+  progress.print(startup_line(o, prompts.size(), gen.n_threads, profile));
+
+  progress.status("prefill: " + std::to_string(cascade::make_prompt_tree(prompts).n_tokens()) + " prompt tokens...");
+  term::TextStream text0(tok, stdout);
+  if (stream) {
+    std::printf("--- sequence 0 (prompt 1) ---\n");
+    std::fflush(stdout);
+  }
   double sum_ms = 0;
   const auto on_step = [&](int step, const cascade::StepStat& st) {
     sum_ms += st.ms;
-    if (o.stats_every > 0 && (step + 1) % o.stats_every == 0)
-      std::fprintf(stderr, "decode[%d]: %.1f ms, avg %.1f ms\n", step + 1, st.ms, sum_ms / (step + 1));
+    progress.step(st);
+    if (o.stats_every > 0 && (step + 1) % o.stats_every == 0) {
+      char line[96];
+      std::snprintf(line, sizeof line, "decode[%d]: %.1f ms, avg %.1f ms\n", step + 1, st.ms, sum_ms / (step + 1));
+      progress.print(line);
+    }
   };
-  const cascade::GenerateResult r =
-      cascade::generate(model, prompts, gen, [&](int32_t id) { return !o.ignore_eos && tok.is_eog(id); }, on_step);
-  if (save_cost_model && r.cost_model) {
-    r.cost_model->save(*o.cost_model);
-    std::fprintf(stderr, "cascade-generate: cost model calibrated and written to %s\n", o.cost_model->c_str());
-  }
+  const auto on_token = [&](int s, int32_t id) {
+    if (stream && s == 0) text0.token(id);
+  };
+  const cascade::GenerateResult r = cascade::generate(
+      model, prompts, gen, [&](int32_t id) { return !o.ignore_eos && tok.is_eog(id); }, on_step, on_token);
+  progress.clear();
   std::vector<std::string> out_texts;
   for (const cascade::SequenceResult& sq : r.sequences) out_texts.push_back(tok.decode(sq.tokens, false));
   if (o.json) {
-    print_json(o, r, out_texts, n_threads, prompts.size());
+    print_json(o, r, out_texts, gen.n_threads, prompts.size(), profile);
   } else {
-    for (size_t s = 0; s < r.sequences.size(); ++s)
-      std::printf("--- sequence %zu (prompt %d, %s) ---\n%s\n", s, r.sequences[s].prompt + 1,
-                  r.sequences[s].stop.c_str(), out_texts[s].c_str());
+    if (stream) text0.finish();
+    print_texts(r, out_texts, stream ? 1 : 0);
   }
-  print_timings(r);
+  std::fflush(stdout);
+  print_timings(r, profile);
   return 0;
 }
 
