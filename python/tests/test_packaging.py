@@ -1,4 +1,5 @@
-"""What `pip install .` relies on: the version pyproject.toml reads from CMakeLists.txt is the module's."""
+"""What `pip install .` relies on: the version pyproject.toml reads from include/cascade/version.hpp (the
+project's one statement of it, which CMakeLists.txt reads too) is the module's."""
 
 import re
 import sys
@@ -16,7 +17,7 @@ def test_version_comes_from_the_cmake_project():
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
     meta = cfg["tool"]["scikit-build"]["metadata"]["version"]
     match = re.search(meta["regex"], (ROOT / meta["input"]).read_text())
-    assert match, "pyproject.toml's version regex no longer matches CMakeLists.txt"
+    assert match, "pyproject.toml's version regex no longer matches include/cascade/version.hpp"
     assert match.group("value") == cascade.__version__
     for pkg in cfg["tool"]["scikit-build"]["wheel"]["packages"]:
         assert (ROOT / pkg / "__init__.py").exists()
