@@ -2,7 +2,8 @@
 // cascade::Tree::build -> the plans of the CPU's and the CUDA path's targets. A tree that validates is checked
 // for its own invariants and every schedule made from it for exact coverage (verify_schedule: each output
 // merges each key it sees exactly once), whatever the lengths. Then, when the problem is small enough, K/V
-// segments (contiguous or paged, padded strides, f32/f16/bf16) are made and the CPU plan is run:
+// segments (contiguous or paged, padded strides, f32/f16/bf16) are made and the CPU plan is run, on a kernel
+// path the input picks (a tier the CPU runs, bf16 products or not):
 //   small problems (kRefWork) are compared, every output, with reference_attention (double precision);
 //   larger ones (kMaxWork) with the same problem attended in another layout (layouts.hpp), split (every sequence
 //   alone over a copy of its keys) or unified (one masked buffer), chosen by the input: attention computed
@@ -168,6 +169,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The schedules of both backends, whatever the lengths: planning looks at lengths only (its cost grows with
   // the outputs, rows x heads, which stay bounded here).
   if (tree->n_rows() * shape.n_q_heads > kMaxOutputs) return 0;
+  // The CPU kernel path, from the input's value seed: a tier up to the CPU's widest, bf16 products or not.
+  Rng path_rng{~spec.value_seed};
+  const Isa isa = Isa(path_rng.next() % (uint64_t(detected_isa()) + 1));
+  const IsaLimit isa_limit(isa);
+  const cpu::Bf16Products products(path_rng.next() & 1);
   const Plan plan = cpu::plan(*tree, cpu::Options{spec.threads + 1});
   verify_or_abort(plan);
   try {
@@ -223,18 +229,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<float> q(size_t(n_rows * shape.n_q_heads * d)), o(q.size(), std::nanf("")),
       lse(size_t(n_rows * shape.n_q_heads), std::nanf(""));
   for (float& x : q) x = rng.uniform();
+  // bf16 products round q to bf16 (it gets bf16 queries, as from a bf16 model) and each softmax weight within
+  // 2^-8 (|v| <= 1: o within 2^-8 per run; lse stays f32).
+  const bool rounds = dtype == DType::bf16 && cpu::uses_bf16_products();
+  if (rounds)
+    for (float& x : q) x = float(bf16(x));
   cpu::run(plan, views, q.data(), o.data(), lse.data());
 
   // f32 scores carry an absolute error that grows with their size: |q| <= 1, |k| <= 1, so |score| <= |scale| d.
   const double score_bound = std::fabs(double(tree->scale())) * double(d);
   const double tol = 2e-4 + 4e-6 * score_bound;
   std::vector<double> want_o(o.size()), want_lse(lse.size());
-  double want_tol = tol;
+  double want_tol = tol, o_tol = tol + (rounds ? 0x1p-8 : 0.0);
   if (work <= kRefWork) {
     reference_attention(*tree, views, q.data(), want_o.data(), want_lse.data());
   } else {
     // Another layout's f32 run: its error adds to the plan's.
     want_tol = 2 * tol;
+    o_tol = 2 * o_tol;
     std::vector<float> o2(o.size(), std::nanf("")), lse2(lse.size(), std::nanf(""));
     cpu::Options opt;
     opt.n_threads = int(spec.value_seed >> 8 & 3);
@@ -270,7 +282,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       for (int64_t i = 0; i < d; ++i) {
         const size_t k = l * size_t(d) + size_t(i);
-        if (!(std::fabs(double(o[k]) - want_o[k]) <= want_tol + 1e-3 * std::fabs(want_o[k])))
+        if (!(std::fabs(double(o[k]) - want_o[k]) <= o_tol + 1e-3 * std::fabs(want_o[k])))
           fail("o", o[k], want_o[k], r, h, i);
       }
     }

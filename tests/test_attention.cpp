@@ -1,4 +1,5 @@
-// cascade == split == unified == reference on fresh random problems, the edge cases, and bad input.
+// cascade == split == unified == reference on fresh random problems, the edge cases, and bad input, on every
+// CPU kernel path this machine runs (kernel_paths.hpp).
 #include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
 
 #include <doctest/doctest.h>
@@ -7,6 +8,7 @@
 
 #include "attention_problem.hpp"
 #include "cascade/cascade.hpp"
+#include "kernel_paths.hpp"
 
 using namespace cascade;
 using test::Rng;
@@ -19,7 +21,8 @@ namespace {
 // up to ~7000 keys), a few 1e-6 relative, whatever the type. The bound sits ~20x above the largest error
 // seen over many seeds and far below any real bug (a wrong mask or a dropped tile moves outputs by 1e-2 or
 // more). A kernel that rounds q or the probabilities to the K/V type (as the CUDA path does) needs a bound
-// per type derived from that rounding: see test_cuda_attention.cu.
+// per type derived from that rounding: see test_cuda_attention.cu, and the bf16-product path below
+// (kernel_paths.hpp).
 constexpr double kAtol = 5e-6, kRtol = 5e-5;
 
 struct Config {
@@ -44,7 +47,8 @@ struct Config {
   }
 };
 
-// Runs the three methods and the reference on cfg and compares every output element and lse.
+// Runs the three methods and the reference on cfg, on every kernel path, and compares every output element
+// and lse.
 void check(Rng& rng, const Config& cfg) {
   INFO(cfg.describe());
   std::vector<std::unique_ptr<test::Segment>> store;
@@ -59,32 +63,49 @@ void check(Rng& rng, const Config& cfg) {
   const int64_t n_lse = tree.n_rows() * cfg.shape.n_q_heads;
   std::vector<float> q(static_cast<size_t>(n_out));
   for (float& x : q) x = rng.uniform(-cfg.amp, cfg.amp);
-
   std::vector<double> ref_o(static_cast<size_t>(n_out)), ref_lse(static_cast<size_t>(n_lse));
   reference_attention(tree, views, q.data(), ref_o.data(), ref_lse.data());
+  // bf16 products round q: that path gets bf16 queries, and a reference of its own.
+  std::vector<float> q_bf16 = q;
+  test::round_to_bf16(q_bf16);
+  std::vector<double> ref_o_bf16, ref_lse_bf16;
   const cpu::Options opt{cfg.n_threads};
-
-  // The plan runs twice, as it would in two layers: it keeps nothing of a run.
-  const Plan plan = cpu::plan(tree, opt);
-  for (int layer = 0; layer < 2; ++layer) {
-    std::vector<float> o(static_cast<size_t>(n_out), 123.0f), lse(static_cast<size_t>(n_lse), 123.0f);
-    cpu::run(plan, views, q.data(), o.data(), lse.data());
-    test::expect_close(o, ref_o, kAtol, kRtol, "cascade o");
-    test::expect_close(lse, ref_lse, kAtol, kRtol, "cascade lse");
-  }
-  std::vector<float> o(static_cast<size_t>(n_out), 123.0f), lse(static_cast<size_t>(n_lse), 123.0f);
-
   const SplitLayout split = make_split(tree, views);
-  cpu::run(cpu::plan(split.tree, opt), split.views, q.data(), o.data(), lse.data());
-  test::expect_close(o, ref_o, kAtol, kRtol, "split o");
-  test::expect_close(lse, ref_lse, kAtol, kRtol, "split lse");
-
   const UnifiedLayout uni = make_unified(tree, views);
-  std::fill(o.begin(), o.end(), 123.0f);
-  std::fill(lse.begin(), lse.end(), 123.0f);
-  cpu::attend_unified(cfg.shape, uni.batch, q.data(), o.data(), lse.data(), opt, tree.scale());
-  test::expect_close(o, ref_o, kAtol, kRtol, "unified o");
-  test::expect_close(lse, ref_lse, kAtol, kRtol, "unified lse");
+
+  for (const test::KernelPath& path : test::kernel_paths()) {
+    INFO("kernel path " << path.name());
+    const test::UsePath use(path);
+    const bool rounds = path.rounds_bf16() && cfg.dtype == DType::bf16;
+    if (rounds && ref_o_bf16.empty()) {
+      ref_o_bf16.resize(ref_o.size());
+      ref_lse_bf16.resize(ref_lse.size());
+      reference_attention(tree, views, q_bf16.data(), ref_o_bf16.data(), ref_lse_bf16.data());
+    }
+    const float* qp = rounds ? q_bf16.data() : q.data();
+    const std::vector<double>& want_o = rounds ? ref_o_bf16 : ref_o;
+    const std::vector<double>& want_lse = rounds ? ref_lse_bf16 : ref_lse;
+    const double atol_o = kAtol + (rounds ? test::kBf16WeightError : 0.0);  // |v| <= 1
+
+    // The plan runs twice, as it would in two layers: it keeps nothing of a run.
+    const Plan plan = cpu::plan(tree, opt);
+    for (int layer = 0; layer < 2; ++layer) {
+      std::vector<float> o(static_cast<size_t>(n_out), 123.0f), lse(static_cast<size_t>(n_lse), 123.0f);
+      cpu::run(plan, views, qp, o.data(), lse.data());
+      test::expect_close(o, want_o, atol_o, kRtol, "cascade o");
+      test::expect_close(lse, want_lse, kAtol, kRtol, "cascade lse");
+    }
+    std::vector<float> o(static_cast<size_t>(n_out), 123.0f), lse(static_cast<size_t>(n_lse), 123.0f);
+    cpu::run(cpu::plan(split.tree, opt), split.views, qp, o.data(), lse.data());
+    test::expect_close(o, want_o, atol_o, kRtol, "split o");
+    test::expect_close(lse, want_lse, kAtol, kRtol, "split lse");
+
+    std::fill(o.begin(), o.end(), 123.0f);
+    std::fill(lse.begin(), lse.end(), 123.0f);
+    cpu::attend_unified(cfg.shape, uni.batch, qp, o.data(), lse.data(), opt, tree.scale());
+    test::expect_close(o, want_o, atol_o, kRtol, "unified o");
+    test::expect_close(lse, want_lse, kAtol, kRtol, "unified lse");
+  }
 }
 
 HeadShape random_shape(Rng& rng) {
@@ -345,15 +366,20 @@ TEST_CASE("extreme scores: |s| up to 1e4 stay finite and exact") {
     const Tree tree = Tree::build(c.shape, c.seg_len, c.tree.paths, c.n_query);
     std::vector<float> q(static_cast<size_t>(tree.n_rows() * 4 * 64));
     for (float& x : q) x = rng.uniform(-c.amp, c.amp);
+    test::round_to_bf16(q);  // exact on every path, bf16 products included
     std::vector<double> ref_o(q.size()), ref_lse(static_cast<size_t>(tree.n_rows() * 4));
     reference_attention(tree, views, q.data(), ref_o.data(), ref_lse.data());
-    std::vector<float> o(q.size()), lse(ref_lse.size());
-    cpu::run(cpu::plan(tree), views, q.data(), o.data(), lse.data());
-    test::expect_close(o, ref_o, 2e-2, 0, "cascade o, extreme");
-    test::expect_close(lse, ref_lse, 0, 1e-5, "cascade lse, extreme");
     const UnifiedLayout uni = make_unified(tree, views);
-    cpu::attend_unified(c.shape, uni.batch, q.data(), o.data(), lse.data());
-    test::expect_close(o, ref_o, 2e-2, 0, "unified o, extreme");
+    for (const test::KernelPath& path : test::kernel_paths()) {
+      INFO("kernel path " << path.name());
+      const test::UsePath use(path);
+      std::vector<float> o(q.size()), lse(ref_lse.size());
+      cpu::run(cpu::plan(tree), views, q.data(), o.data(), lse.data());
+      test::expect_close(o, ref_o, 2e-2, 0, "cascade o, extreme");
+      test::expect_close(lse, ref_lse, 0, 1e-5, "cascade lse, extreme");
+      cpu::attend_unified(c.shape, uni.batch, q.data(), o.data(), lse.data());
+      test::expect_close(o, ref_o, 2e-2, 0, "unified o, extreme");
+    }
   }
 }
 

@@ -18,7 +18,9 @@ using test::Rng;
 
 namespace {
 
-constexpr double kAtol = 5e-6, kRtol = 5e-5;  // as test_attention.cpp
+// As test_attention.cpp, with f32 products: these tests check plans, not kernels (bf16 products round q and
+// the weights; test_attention.cpp checks them on every kernel path).
+constexpr double kAtol = 5e-6, kRtol = 5e-5;
 
 // A random tree (depth 1 to 4, up to max_seqs sequences, some with several query tokens).
 Tree random_tree(Rng& rng, const HeadShape& shape, int max_seqs, double budget) {
@@ -68,6 +70,7 @@ std::vector<float> random_q(Rng& rng, const Tree& tree) {
 }  // namespace
 
 TEST_CASE("plan: one plan runs every layer, K/V given as a list, a callback or with the caller's workspace") {
+  const cpu::Bf16Products f32_products(false);
   const uint64_t seed = test::fresh_seed();
   INFO("CASCADE_TEST_SEED=" << seed);
   Rng rng(seed);

@@ -90,6 +90,8 @@ void expect_same_function(Rng& rng, const Problem& p, const Plan& chosen) {
   std::vector<double> ref_o(n_out), ref_lse(n_lse);
   reference_attention(tree, p.views, q.data(), ref_o.data(), ref_lse.data());
   std::vector<float> o(n_out, 123.0f), lse(n_lse, 123.0f);
+  // f32 products: this checks the regrouping at the tight bound (bf16 products round q; test_attention.cpp).
+  const cpu::Bf16Products f32_products(false);
   cpu::run(chosen, p.views, q.data(), o.data(), lse.data());
   test::expect_close(o, ref_o, kAtol, kRtol, "auto o");
   test::expect_close(lse, ref_lse, kAtol, kRtol, "auto lse");

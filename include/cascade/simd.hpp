@@ -40,6 +40,39 @@
 #define CASCADE_X86 0
 #endif
 
+// Target regions. Functions defined between CASCADE_TARGET_<TIER>_BEGIN and CASCADE_TARGET_END are compiled
+// for that tier whatever the build's flags (templates too: an instantiation takes the options of its
+// definition), so one build carries every tier. Call them only where cpu_features() has the tier. A region
+// never includes headers: code outside it (the standard library, Eigen) keeps the build's own flags.
+#if CASCADE_X86 && defined(__clang__)
+#define CASCADE_TARGET_AVX2_BEGIN \
+  _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c\"))), apply_to = function)")
+#define CASCADE_TARGET_AVX512_BEGIN                                                                         \
+  _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c\"))), \
+          apply_to = function)")
+#define CASCADE_TARGET_AVX512_BF16_BEGIN                                                                         \
+  _Pragma("clang attribute push(__attribute__((target(\"avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c\"))), \
+          apply_to = function)")
+#define CASCADE_TARGET_END _Pragma("clang attribute pop")
+#elif CASCADE_X86 && defined(__GNUC__)
+#define CASCADE_TARGET_AVX2_BEGIN _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma,f16c\")")
+#define CASCADE_TARGET_AVX512_BEGIN \
+  _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c\")")
+#define CASCADE_TARGET_AVX512_BF16_BEGIN \
+  _Pragma("GCC push_options")            \
+      _Pragma("GCC target(\"avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c\")")
+#define CASCADE_TARGET_END _Pragma("GCC pop_options")
+#endif
+
+// CASCADE_UNROLL(n): unroll the next loop n times (register-blocked kernels keep their accumulators in
+// registers only when their small loops are unrolled); nothing under nvcc, whose front end does not know it.
+#define CASCADE_PRAGMA(x) _Pragma(#x)
+#if defined(__CUDACC__)
+#define CASCADE_UNROLL(n)
+#else
+#define CASCADE_UNROLL(n) CASCADE_PRAGMA(GCC unroll n)
+#endif
+
 namespace cascade {
 
 struct CpuFeatures {

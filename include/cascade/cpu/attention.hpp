@@ -8,7 +8,7 @@
 // run() takes the K/V of the tree's segments either as a list (kv[g]: segment g) or as a callable
 // (kv(g) returns segment g's KvView); every view must have the plan's head shape and exactly its segment's
 // length. The schedule's work items (schedule.hpp) are spread over oneTBB's threads: each attends its rows
-// to its keys with the tile kernel (kernel.hpp) and writes partial states into the workspace; then every
+// to its keys with the kernel its pass takes (kernel.hpp) and writes partial states into the workspace; then every
 // output (row, q head) merges the states its list names, exactly (state.hpp). The "split" baseline is a
 // plan too (Tree::independent over the prefix copied into every sequence).
 #pragma once
@@ -54,8 +54,9 @@ inline constexpr int kFewRowsKernel = 1;
 // Shortest chunk of a pass's tokens one item takes when a pass is split across threads.
 inline constexpr int64_t kMinChunk = 256;
 
+// Picked when the plan is made, for the tier active then; a run under another tier keeps the plan's shape.
 inline int pick_kernel(int64_t rows_per_head, int head_dim) {
-  return use_small_kernel(rows_per_head, head_dim) ? kFewRowsKernel : kTiledKernel;
+  return use_few_rows(rows_per_head, head_dim) ? kFewRowsKernel : kTiledKernel;
 }
 
 // The schedule's view of this machine with n_threads threads (0: the caller's arena): about 4 items per
@@ -158,9 +159,9 @@ inline tbb::enumerable_thread_specific<ItemScratch>& item_scratch() {
   return tls;
 }
 
-// Copies the stacked rows [e0, e1) of an item's heads into buf (heads, e1 - e0, head_dim), scaled.
-inline void gather_queries(const float* q, const HeadShape& shape, float scale, const Schedule& sc,
-                           const Schedule::Item& it, std::vector<float>& buf) {
+// Copies the stacked rows [e0, e1) of an item's heads into buf (heads, e1 - e0, head_dim).
+inline void gather_queries(const float* q, const HeadShape& shape, const Schedule& sc, const Schedule::Item& it,
+                           std::vector<float>& buf) {
   const int group = shape.group();
   const int64_t d = shape.head_dim;
   const int64_t row_begin = sc.passes[size_t(it.pass)].row_begin;
@@ -170,7 +171,7 @@ inline void gather_queries(const float* q, const HeadShape& shape, float scale, 
     for (int64_t e = it.e0; e < it.e1; ++e, dst += d) {
       const int64_t row = sc.rows[size_t(row_begin + e / group)].q_row;
       const float* src = q + (row * shape.n_q_heads + h * group + int(e % group)) * d;
-      for (int64_t i = 0; i < d; ++i) dst[i] = src[i] * scale;
+      std::copy(src, src + d, dst);
     }
   }
 }
@@ -220,7 +221,7 @@ inline void attend_plan_item(const Plan& plan, const std::vector<KvView>& kv, co
   const int64_t d = shape.head_dim, n = it.e1 - it.e0;
   const int group = shape.group();
   const Schedule::Pass& ps = sc.passes[size_t(it.pass)];
-  gather_queries(q, shape, plan.scale(), sc, it, s.q);
+  gather_queries(q, shape, sc, it, s.q);
   s.limit.resize(size_t(n));
   bool first = true;
   for (int64_t k = ps.seg_begin; k < ps.seg_end; ++k) {
@@ -237,8 +238,8 @@ inline void attend_plan_item(const Plan& plan, const std::vector<KvView>& kv, co
       o_k = s.o2.data();
       lse_k = o_k + it.heads * n * d;
     }
-    attend_range_dispatch(s.q.data(), n, it.heads, view, it.kvh, a - seg.start, b - seg.start,
-                          LimitMask{s.limit.data()}, o_k, lse_k, s.kernel);
+    attend_range_dispatch(ps.kernel == kFewRowsKernel, s.q.data(), n, it.heads, view, it.kvh, a - seg.start,
+                          b - seg.start, LimitMask{s.limit.data()}, plan.scale(), o_k, lse_k, s.kernel);
     if (!first) merge_states_inplace(o_it, lse_it, o_k, lse_k, it.heads * n, d);
     first = false;
   }
@@ -365,7 +366,7 @@ inline void run_unified(const UnifiedPlan& p, const UnifiedBatch& b, const float
   in_arena(p.target.n_threads, [&] {
     detail::run_items(p.schedule, d, workspace,
                       [&](const Schedule::Item& it, detail::ItemScratch& s, float* o_it, float* lse_it) {
-                        detail::gather_queries(q, p.shape, p.scale, p.schedule, it, s.q);
+                        detail::gather_queries(q, p.shape, p.schedule, it, s.q);
                         const int64_t n = it.e1 - it.e0;
                         s.seq.resize(size_t(n));
                         s.pos.resize(size_t(n));
@@ -374,9 +375,9 @@ inline void run_unified(const UnifiedPlan& p, const UnifiedBatch& b, const float
                           s.pos[size_t(e - it.e0)] = b.row_pos[e / group];
                         }
                         attend_range_dispatch(
-                            s.q.data(), n, it.heads, b.kv, it.kvh, it.t0, it.t1,
-                            UnifiedMask{b.key_seqs, b.n_words, b.key_pos, s.seq.data(), s.pos.data()}, o_it, lse_it,
-                            s.kernel);
+                            p.schedule.passes[0].kernel == kFewRowsKernel, s.q.data(), n, it.heads, b.kv, it.kvh,
+                            it.t0, it.t1, UnifiedMask{b.key_seqs, b.n_words, b.key_pos, s.seq.data(), s.pos.data()},
+                            p.scale, o_it, lse_it, s.kernel);
                       });
     detail::merge_outputs(p.schedule, p.shape, b.n_rows, workspace, o, lse);
   });

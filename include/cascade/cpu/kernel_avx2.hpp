@@ -1,0 +1,120 @@
+// The AVX2 + FMA + F16C kernels (8 lanes): Haswell, Zen 1 and every x86-64 server and laptop since.
+// Compiled for that instruction set whatever the build's flags; the dispatcher (kernel.hpp) calls them
+// only where cpu_features() has it.
+#pragma once
+
+#include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "cascade/cpu/kernel_common.hpp"
+
+#if CASCADE_X86
+
+CASCADE_TARGET_AVX2_BEGIN
+namespace cascade::cpu::avx2 {
+
+struct V {
+  using reg = __m256;
+  using msk = __m256;  // all-ones lanes
+  static constexpr int W = 8;
+  // 2^n is built in the exponent field: n = -127 gives the field 0, exactly 0.
+  static constexpr float kExp2Min = -127.0f;
+  static reg zero() { return _mm256_setzero_ps(); }
+  static reg set1(float x) { return _mm256_set1_ps(x); }
+  static reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, reg a) { _mm256_storeu_ps(p, a); }
+  static reg bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+  static reg max(reg a, reg b) { return _mm256_max_ps(a, b); }
+  static reg fmadd(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static reg round(reg x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static reg ldexp(reg p, reg n) {
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  }
+  static msk eq(reg a, reg b) { return _mm256_cmp_ps(a, b, _CMP_EQ_OQ); }
+  static bool all_eq(reg a, reg b) { return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ)) == 0xFF; }
+  static reg select(msk m, reg if_set, reg if_clear) { return _mm256_blendv_ps(if_clear, if_set, m); }
+  static msk mask_from_bits(uint32_t bits) {
+    const __m256i lane = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(int(bits)), lane), lane));
+  }
+  static float hsum(reg a) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+  }
+  static float hmax(reg a) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+  }
+  // The horizontal sums of a0..a3 in lanes 0..3.
+  static __m128 sum4(reg a0, reg a1, reg a2, reg a3) {
+    const reg h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  }
+  template <class T>
+  static reg kv(const T* p) {
+    if constexpr (std::is_same_v<T, float>) {
+      return _mm256_loadu_ps(p);
+    } else if constexpr (std::is_same_v<T, f16>) {
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    } else {
+      return _mm256_castsi256_ps(
+          _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+    }
+  }
+};
+
+#include "cascade/cpu/kernel_simd.inc"
+
+// Row blocks of the tiled kernel: one register of 8 rows against 8 keys (16 registers in all).
+inline constexpr int kTileRV = 1, kTileNK = 8;
+
+template <class T, class Mask>
+void attend_typed(bool few, const float* q, int64_t n_rows, int n_heads, const KvView& kv, int kvh, int64_t t0,
+                  int64_t t1, const Mask& mask, float scale, float* o, float* lse, Scratch& sc) {
+  const int64_t d = kv.head_dim;
+  if (few) {
+    switch (d) {
+      case 64: return few_attend<T, 8, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+      case 128: return few_attend<T, 16, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+      default: return few_attend<T, 0, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+    }
+  }
+  constexpr int RV = kTileRV, NK = kTileNK;
+  for (int h = 0; h < n_heads; ++h) {
+    const float* qh = q + h * n_rows * d;
+    float* oh = o + h * n_rows * d;
+    float* lh = lse + h * n_rows;
+    switch (d) {
+      case 64: tile_attend<T, 64, RV, NK, Mask>(qh, n_rows, kv, kvh + h, t0, t1, mask, scale, oh, lh, sc); break;
+      case 128: tile_attend<T, 128, RV, NK, Mask>(qh, n_rows, kv, kvh + h, t0, t1, mask, scale, oh, lh, sc); break;
+      default: tile_attend<T, 0, RV, NK, Mask>(qh, n_rows, kv, kvh + h, t0, t1, mask, scale, oh, lh, sc); break;
+    }
+  }
+}
+
+// Attends heads [kvh, kvh + n_heads) (q, o: (n_heads, n_rows, head_dim), q times `scale`; lse:
+// (n_heads, n_rows)) with the few-rows kernel (head_dim a multiple of 8) or head by head with the tiled one.
+template <class Mask>
+void attend(bool few, const float* q, int64_t n_rows, int n_heads, const KvView& kv, int kvh, int64_t t0, int64_t t1,
+            const Mask& mask, float scale, float* o, float* lse, Scratch& sc) {
+  switch (kv.dtype) {
+    case DType::f32: return attend_typed<float>(few, q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+    case DType::f16: return attend_typed<f16>(few, q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+    case DType::bf16: return attend_typed<bf16>(few, q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+  }
+}
+
+}  // namespace cascade::cpu::avx2
+CASCADE_TARGET_END
+
+#endif  // CASCADE_X86

@@ -1,0 +1,355 @@
+// The AVX-512 kernels (F, BW, VL, DQ; 16 lanes), and the shared-pass kernel on vdpbf16ps for bf16 K/V where
+// the CPU has AVX512_BF16. Compiled for those instruction sets whatever the build's flags; the dispatcher
+// (kernel.hpp) calls them only where cpu_features() has them.
+#pragma once
+
+#include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "cascade/cpu/kernel_common.hpp"
+
+#if CASCADE_X86
+
+CASCADE_TARGET_AVX512_BEGIN
+namespace cascade::cpu::avx512 {
+
+struct V {
+  using reg = __m512;
+  using msk = __mmask16;
+  static constexpr int W = 16;
+  // scalef takes p * 2^n below the smallest subnormal to exactly 0 at this floor.
+  static constexpr float kExp2Min = -160.0f;
+  static reg zero() { return _mm512_setzero_ps(); }
+  static reg set1(float x) { return _mm512_set1_ps(x); }
+  static reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, reg a) { _mm512_storeu_ps(p, a); }
+  static reg bcast(const float* p) { return _mm512_set1_ps(*p); }
+  static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+  static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+  static reg max(reg a, reg b) { return _mm512_max_ps(a, b); }
+  static reg fmadd(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static reg round(reg x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static reg ldexp(reg p, reg n) { return _mm512_scalef_ps(p, n); }
+  static msk eq(reg a, reg b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
+  static bool all_eq(reg a, reg b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ) == 0xFFFF; }
+  static reg select(msk m, reg if_set, reg if_clear) { return _mm512_mask_blend_ps(m, if_clear, if_set); }
+  static msk mask_from_bits(uint32_t bits) { return msk(bits); }
+  static float hsum(reg a) {
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+  }
+  static float hmax(reg a) {
+    const __m256 h = _mm256_max_ps(_mm512_castps512_ps256(a),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+  }
+  // The horizontal sums of a0..a3 in lanes 0..3: one transposing reduction instead of four.
+  static __m128 sum4(reg a0, reg a1, reg a2, reg a3) {
+    const reg b0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+    const reg b1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+    const __m512d x = _mm512_castps_pd(b0), y = _mm512_castps_pd(b1);
+    // each 128-bit block: partial sums of a0, a1, a2, a3 over that block's lanes
+    const reg c = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    const reg e = _mm512_add_ps(c, _mm512_shuffle_f32x4(c, c, 0x4E));
+    return _mm512_castps512_ps128(_mm512_add_ps(e, _mm512_shuffle_f32x4(e, e, 0xB1)));
+  }
+  template <class T>
+  static reg kv(const T* p) {
+    if constexpr (std::is_same_v<T, float>) {
+      return _mm512_loadu_ps(p);
+    } else if constexpr (std::is_same_v<T, f16>) {
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    } else {
+      return _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+    }
+  }
+};
+
+#include "cascade/cpu/kernel_simd.inc"
+
+}  // namespace cascade::cpu::avx512
+CASCADE_TARGET_END
+
+// ---- the shared pass on vdpbf16ps --------------------------------------------------------------------------
+//
+// For bf16 K/V: S = Q K^T and O += P V as bf16 dot products (each instruction 32 multiply-adds of bf16 pairs
+// into f32, twice the f32 FMA rate). q is rounded to bf16 (the scale is applied to S in f32 afterwards) and
+// the softmax weights are rounded to bf16 for P V, while their sum l stays f32: each weight carries a
+// relative error of at most 2^-8, so |o - o_exact| <= 2^-8 sum_j w_j |v_j|; the max and lse are f32.
+// Operands pair adjacent elements of the reduction: Q (and K, as stored) pair head dims; P and V pair keys,
+// so each V tile is repacked once as (key pair, head dim) words, shared by every row block.
+CASCADE_TARGET_AVX512_BF16_BEGIN
+namespace cascade::cpu::avx512_bf16 {
+
+using V = avx512::V;
+using avx512::exp2_neg;
+using avx512::finish_row;
+using avx512::kLn2;
+using avx512::kLog2e;
+using avx512::kTileKeys;
+
+inline __m512i bcast32(const void* p) {
+  int32_t x;
+  std::memcpy(&x, p, 4);
+  return _mm512_set1_epi32(x);
+}
+
+// Copies tokens [a, a + n) of bf16 head kvh into kp (n_pad rows of d bf16, the rest zero), and the same
+// tokens of V as key pairs: vp word (jp, i) = V(2jp, i) | V(2jp + 1, i) << 16.
+inline void bf16_panels(const KvView& kv, int kvh, int64_t a, int64_t n, int64_t n_pad, int64_t d, uint16_t* kp,
+                        uint32_t* vp) {
+  const uint16_t* kb = static_cast<const uint16_t*>(kv.k);
+  const uint16_t* vb = static_cast<const uint16_t*>(kv.v);
+  for (int64_t j = 0; j < n; ++j) std::memcpy(kp + j * d, kb + kv.offset(a + j, kvh), size_t(d) * 2);
+  std::memset(kp + n * d, 0, size_t((n_pad - n) * d) * 2);
+  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+  for (int64_t jp = 0; jp < n_pad / 2; ++jp) {
+    const int64_t j0 = 2 * jp, j1 = 2 * jp + 1;
+    const uint16_t* r0 = j0 < n ? vb + kv.offset(a + j0, kvh) : nullptr;
+    const uint16_t* r1 = j1 < n ? vb + kv.offset(a + j1, kvh) : nullptr;
+    uint32_t* dst = vp + jp * d;
+    int64_t i = 0;
+    if (r0 && r1)
+      for (; i + 32 <= d; i += 32) {
+        const __m512i x = _mm512_loadu_si512(r0 + i), y = _mm512_loadu_si512(r1 + i);
+        _mm512_storeu_si512(dst + i, _mm512_permutex2var_epi16(x, lo_idx, y));
+        _mm512_storeu_si512(dst + i + 16, _mm512_permutex2var_epi16(x, hi_idx, y));
+      }
+    for (; i < d; ++i) dst[i] = uint32_t(r0 ? r0[i] : 0) | uint32_t(r1 ? r1[i] : 0) << 16;
+  }
+}
+
+// One row block (RV registers of 16 rows) against NK keys: as avx512::tile_block, with bf16 operands.
+// qp: (d/2, RV*16) words, the block's q as bf16 head-dim pairs; kp: (NK, d) bf16; vp: (NK/2, d) key-pair words.
+// S is scaled by qs (scale * log2 e) before the softmax.
+template <int D, int RV, int NK>
+inline void tile_block_bf16(const uint32_t* qp, const uint16_t* kp, const uint32_t* vp, int64_t d_rt, float qs,
+                            int nk, const uint32_t* bits, int64_t bits_stride, float* ot, float* m, float* l) {
+  using reg = __m512;
+  constexpr int W = 16;
+  static_assert(NK % 2 == 0);
+  const int64_t d = D > 0 ? D : d_rt;
+  reg s[NK][RV];
+  CASCADE_UNROLL(16)
+  for (int j = 0; j < NK; ++j)
+    CASCADE_UNROLL(4)
+    for (int v = 0; v < RV; ++v) s[j][v] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < d; k += 2) {
+    __m512bh qv[RV];
+    CASCADE_UNROLL(4)
+    for (int v = 0; v < RV; ++v) qv[v] = __m512bh(_mm512_loadu_si512(qp + (k / 2 * RV + v) * W));
+    CASCADE_UNROLL(16)
+    for (int j = 0; j < NK; ++j) {
+      const __m512bh kj = __m512bh(bcast32(kp + j * d + k));
+      CASCADE_UNROLL(4)
+      for (int v = 0; v < RV; ++v) s[j][v] = _mm512_dpbf16_ps(s[j][v], qv[v], kj);
+    }
+  }
+  const reg neg_inf = _mm512_set1_ps(kNegInf);
+  const reg qsv = _mm512_set1_ps(qs);
+  CASCADE_UNROLL(16)
+  for (int j = 0; j < NK; ++j)
+    CASCADE_UNROLL(4)
+    for (int v = 0; v < RV; ++v) {
+      s[j][v] = _mm512_mul_ps(s[j][v], qsv);
+      if (bits) s[j][v] = j < nk ? V::select(V::mask_from_bits(bits[v * bits_stride + j]), s[j][v], neg_inf) : neg_inf;
+      else if (j >= nk) s[j][v] = neg_inf;
+    }
+  reg alpha[RV];
+  bool rescale = false;
+  __m512bh pp[NK / 2][RV];
+  const __m512i pair_idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                            6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  CASCADE_UNROLL(4)
+  for (int v = 0; v < RV; ++v) {
+    reg mx = s[0][v];
+    CASCADE_UNROLL(16)
+    for (int j = 1; j < NK; ++j) mx = _mm512_max_ps(mx, s[j][v]);
+    const reg m_old = _mm512_loadu_ps(m + v * W);
+    const reg m_new = _mm512_max_ps(m_old, mx);
+    const reg m_use = V::select(V::eq(m_new, neg_inf), _mm512_setzero_ps(), m_new);
+    rescale |= !V::all_eq(m_new, m_old);
+    alpha[v] = exp2_neg(_mm512_sub_ps(m_old, m_use));
+    reg sum = _mm512_setzero_ps();
+    CASCADE_UNROLL(16)
+    for (int j = 0; j < NK; ++j) {
+      s[j][v] = exp2_neg(_mm512_sub_ps(s[j][v], m_use));
+      sum = _mm512_add_ps(sum, s[j][v]);
+    }
+    _mm512_storeu_ps(m + v * W, m_new);
+    _mm512_storeu_ps(l + v * W, _mm512_fmadd_ps(_mm512_loadu_ps(l + v * W), alpha[v], sum));
+    CASCADE_UNROLL(8)
+    for (int jp = 0; jp < NK / 2; ++jp)
+      pp[jp][v] = __m512bh(
+          _mm512_permutexvar_epi16(pair_idx, __m512i(_mm512_cvtne2ps_pbh(s[2 * jp + 1][v], s[2 * jp][v]))));
+  }
+  constexpr int KU = 4;
+  int64_t k = 0;
+  for (; k + KU <= d; k += KU) {
+    reg acc[KU][RV];
+    CASCADE_UNROLL(4)
+    for (int u = 0; u < KU; ++u)
+      CASCADE_UNROLL(4)
+      for (int v = 0; v < RV; ++v) {
+        acc[u][v] = _mm512_loadu_ps(ot + ((k + u) * RV + v) * W);
+        if (rescale) acc[u][v] = _mm512_mul_ps(acc[u][v], alpha[v]);
+      }
+    CASCADE_UNROLL(8)
+    for (int jp = 0; jp < NK / 2; ++jp)
+      CASCADE_UNROLL(4)
+      for (int u = 0; u < KU; ++u) {
+        const __m512bh vj = __m512bh(bcast32(vp + jp * d + k + u));
+        CASCADE_UNROLL(4)
+        for (int v = 0; v < RV; ++v) acc[u][v] = _mm512_dpbf16_ps(acc[u][v], pp[jp][v], vj);
+      }
+    CASCADE_UNROLL(4)
+    for (int u = 0; u < KU; ++u)
+      CASCADE_UNROLL(4)
+      for (int v = 0; v < RV; ++v) _mm512_storeu_ps(ot + ((k + u) * RV + v) * W, acc[u][v]);
+  }
+  if constexpr (D == 0 || D % KU != 0) {  // head dims that are not a multiple of KU
+    for (; k < d; ++k) {
+      CASCADE_UNROLL(4)
+      for (int v = 0; v < RV; ++v) {
+        reg acc = _mm512_loadu_ps(ot + (k * RV + v) * W);
+        if (rescale) acc = _mm512_mul_ps(acc, alpha[v]);
+        CASCADE_UNROLL(8)
+        for (int jp = 0; jp < NK / 2; ++jp)
+          acc = _mm512_dpbf16_ps(acc, pp[jp][v], __m512bh(bcast32(vp + jp * d + k)));
+        _mm512_storeu_ps(ot + (k * RV + v) * W, acc);
+      }
+    }
+  }
+}
+
+// As avx512::tile_attend for bf16 K/V (head_dim even), on bf16 dot products.
+template <int D, int RV, int NK, class Mask>
+void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int64_t t0, int64_t t1, const Mask& mask,
+                 float scale, float* o, float* lse, Scratch& sc) {
+  constexpr int W = 16;
+  constexpr int64_t RB = int64_t(RV) * W;
+  const int64_t d = D > 0 ? D : kv.head_dim;
+  const int64_t n_blocks = (n_rows + RB - 1) / RB;
+  const int64_t n_tile = (kTileKeys + NK - 1) / NK * NK;
+  uint32_t* qp = reinterpret_cast<uint32_t*>(sc.get(0, n_blocks * RB * d / 2));
+  float* ot = sc.get(1, n_blocks * RB * d);
+  float* m = sc.get(2, n_blocks * RB);
+  float* l = sc.get(3, n_blocks * RB);
+  uint16_t* kp = reinterpret_cast<uint16_t*>(sc.get(4, n_tile * d / 2));
+  uint32_t* vp = reinterpret_cast<uint32_t*>(sc.get(5, n_tile * d / 2));
+  uint32_t* bits = reinterpret_cast<uint32_t*>(sc.get(6, n_tile * RV));
+  // q rounded to bf16 (nearest even), head dims in pairs.
+  for (int64_t b = 0; b < n_blocks; ++b)
+    for (int64_t k = 0; k < d; k += 2)
+      for (int64_t x = 0; x < RB; ++x) {
+        const int64_t r = b * RB + x;
+        const uint32_t lo = r < n_rows ? Eigen::numext::bit_cast<uint16_t>(bf16(q[r * d + k])) : 0;
+        const uint32_t hi = r < n_rows ? Eigen::numext::bit_cast<uint16_t>(bf16(q[r * d + k + 1])) : 0;
+        qp[(b * d / 2 + k / 2) * RB + x] = lo | hi << 16;
+      }
+  std::fill(ot, ot + n_blocks * RB * d, 0.0f);
+  std::fill(m, m + n_blocks * RB, kNegInf);
+  std::fill(l, l + n_blocks * RB, 0.0f);
+  const float qs = scale * kLog2e;
+  for (int64_t a = t0; a < t1;) {
+    const int64_t n = std::min({kTileKeys, t1 - a, kv.run_length(a)});
+    const int64_t n_pad = (n + NK - 1) / NK * NK;
+    bf16_panels(kv, kvh, a, n, n_pad, d, kp, vp);
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const int64_t r0 = b * RB, rows = std::min(RB, n_rows - r0);
+      const bool full = mask.all_visible(r0, rows, a, n);
+      if (!full)
+        for (int v = 0; v < RV; ++v) {
+          const int64_t lanes = std::clamp<int64_t>(rows - v * W, 0, W);
+          if (lanes > 0) mask.lane_bits(r0 + v * W, int(lanes), a, n, bits + v * n_tile);
+          else std::fill(bits + v * n_tile, bits + v * n_tile + n, 0u);
+        }
+      for (int64_t c = 0; c < n; c += NK) {
+        const int nk = int(std::min<int64_t>(NK, n - c));
+        tile_block_bf16<D, RV, NK>(qp + b * RB * d / 2, kp + c * d, vp + c / 2 * d, d, qs, nk,
+                                   full ? nullptr : bits + c, n_tile, ot + b * RB * d, m + r0, l + r0);
+      }
+    }
+    a += n;
+  }
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const int64_t b = r / RB, x = r % RB;
+    finish_row(ot + b * RB * d + x, RB, m[r], l[r], d, o + r * d, lse + r);
+  }
+}
+
+}  // namespace cascade::cpu::avx512_bf16
+CASCADE_TARGET_END
+
+// ---- entry point ---------------------------------------------------------------------------------------------
+CASCADE_TARGET_AVX512_BEGIN
+namespace cascade::cpu::avx512 {
+
+// Row blocks of the tiled kernel: RV registers of 16 rows against NK keys (S in registers: RV * NK of 32).
+inline constexpr int kTileRV = 1, kTileNK = 16;
+
+// One head with the tiled kernel: on bf16 dot products when bf16_dot (bf16 K/V only).
+template <class T, int D, class Mask>
+void tile_head(bool bf16_dot, const float* q, int64_t n_rows, const KvView& kv, int kvh, int64_t t0, int64_t t1,
+               const Mask& mask, float scale, float* o, float* lse, Scratch& sc) {
+  if constexpr (std::is_same_v<T, bf16>)
+    if (bf16_dot)
+      return avx512_bf16::tile_attend<D, kTileRV, kTileNK, Mask>(q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+  tile_attend<T, D, kTileRV, kTileNK, Mask>(q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+}
+
+template <class T, class Mask>
+void attend_typed(bool few, const float* q, int64_t n_rows, int n_heads, const KvView& kv, int kvh, int64_t t0,
+                  int64_t t1, const Mask& mask, float scale, bool bf16_products, float* o, float* lse, Scratch& sc) {
+  const int64_t d = kv.head_dim;
+  if (few) {
+    switch (d) {
+      case 64: return few_attend<T, 4, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+      case 128: return few_attend<T, 8, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+      default: return few_attend<T, 0, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+    }
+  }
+  const bool bf16_dot = bf16_products && cpu_features().avx512_bf16 && d % 2 == 0;
+  for (int h = 0; h < n_heads; ++h) {
+    const float* qh = q + h * n_rows * d;
+    float* oh = o + h * n_rows * d;
+    float* lh = lse + h * n_rows;
+    switch (d) {
+      case 64: tile_head<T, 64>(bf16_dot, qh, n_rows, kv, kvh + h, t0, t1, mask, scale, oh, lh, sc); break;
+      case 128: tile_head<T, 128>(bf16_dot, qh, n_rows, kv, kvh + h, t0, t1, mask, scale, oh, lh, sc); break;
+      default: tile_head<T, 0>(bf16_dot, qh, n_rows, kv, kvh + h, t0, t1, mask, scale, oh, lh, sc); break;
+    }
+  }
+}
+
+// Attends heads [kvh, kvh + n_heads) (q, o: (n_heads, n_rows, head_dim), q times `scale`; lse:
+// (n_heads, n_rows)) with the few-rows kernel (head_dim a multiple of 16) or head by head with the tiled one.
+template <class Mask>
+void attend(bool few, const float* q, int64_t n_rows, int n_heads, const KvView& kv, int kvh, int64_t t0, int64_t t1,
+            const Mask& mask, float scale, bool bf16_products, float* o, float* lse, Scratch& sc) {
+  const bool b = bf16_products;
+  switch (kv.dtype) {
+    case DType::f32: return attend_typed<float>(few, q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, b, o, lse, sc);
+    case DType::f16: return attend_typed<f16>(few, q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, b, o, lse, sc);
+    case DType::bf16: return attend_typed<bf16>(few, q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, b, o, lse, sc);
+  }
+}
+
+}  // namespace cascade::cpu::avx512
+CASCADE_TARGET_END
+
+#endif  // CASCADE_X86

@@ -1,0 +1,128 @@
+// What every CPU attention kernel shares: the visibility masks, the per-thread scratch, the row tile.
+#pragma once
+
+#include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <vector>
+
+#include "cascade/dtype.hpp"
+#include "cascade/kv.hpp"
+#include "cascade/state.hpp"
+
+namespace cascade::cpu {
+
+// Most query rows (stacked rows of one KV head) one work item carries; rows of a larger pass are split into
+// tiles of this many.
+inline constexpr int64_t kMaxRows = 128;
+
+// Per-thread scratch of the kernels: numbered buffers of floats, 64-byte aligned, grown on demand and kept.
+class Scratch {
+ public:
+  static constexpr int kSlots = 8;
+  // Buffer `slot` with room for at least n floats; its contents are unspecified.
+  float* get(int slot, int64_t n) {
+    Buf& b = bufs_[slot];
+    if (b.size < n) {
+      const int64_t size = std::max<int64_t>(n, b.size + b.size / 2);
+      b.data.reset(static_cast<float*>(::operator new(size_t(size) * sizeof(float), std::align_val_t(64))));
+      b.size = size;
+    }
+    return b.data.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { ::operator delete(p, std::align_val_t(64)); }
+  };
+  struct Buf {
+    std::unique_ptr<float, Free> data;
+    int64_t size = 0;
+  };
+  Buf bufs_[kSlots];
+};
+
+// Visibility: a row sees the first limit[r] tokens of the span (causal and empty-row handling).
+struct LimitMask {
+  const int64_t* limit;  // (R): per stacked row
+  bool visible(int64_t r, int64_t key) const { return key < limit[r]; }
+  // Whether rows [r0, r0 + n_rows) all see keys [a, a + n).
+  bool all_visible(int64_t r0, int64_t n_rows, int64_t a, int64_t n) const {
+    for (int64_t r = r0; r < r0 + n_rows; ++r)
+      if (limit[r] < a + n) return false;
+    return true;
+  }
+  // bits[j], j < n: bit i set when row r0 + i (i < n_lanes <= 32) sees key a + j.
+  void lane_bits(int64_t r0, int n_lanes, int64_t a, int64_t n, uint32_t* bits) const {
+    for (int64_t j = 0; j < n; ++j) bits[j] = 0;
+    for (int i = 0; i < n_lanes; ++i) {
+      const int64_t vis = std::clamp<int64_t>(limit[r0 + i] - a, 0, n);
+      for (int64_t j = 0; j < vis; ++j) bits[j] |= uint32_t(1) << i;
+    }
+  }
+};
+
+// Visibility in a unified buffer (one KV buffer for all sequences, as llama.cpp's unified cache):
+// key j belongs to the sequences whose bits are set in key_seqs[j * n_words ...] and sits at key_pos[j];
+// row r is a token of sequence row_seq[r] at position row_pos[r]. Visible: same sequence and pos <= pos.
+struct UnifiedMask {
+  const uint64_t* key_seqs;  // (n_keys, n_words)
+  int64_t n_words;
+  const int32_t* key_pos;  // (n_keys)
+  const int32_t* row_seq;  // (R)
+  const int32_t* row_pos;  // (R)
+  bool visible(int64_t r, int64_t key) const {
+    const int32_t seq = row_seq[r];
+    return (key_seqs[key * n_words + (seq >> 6)] >> (seq & 63) & 1) && key_pos[key] <= row_pos[r];
+  }
+  bool all_visible(int64_t r0, int64_t n_rows, int64_t a, int64_t n) const {
+    int32_t min_pos = INT32_MAX;
+    for (int64_t r = r0; r < r0 + n_rows; ++r) min_pos = std::min(min_pos, row_pos[r]);
+    for (int64_t key = a; key < a + n; ++key)
+      if (key_pos[key] > min_pos) return false;
+    for (int64_t r = r0; r < r0 + n_rows; ++r) {
+      const int32_t seq = row_seq[r];
+      if (r > r0 && seq == row_seq[r - 1]) continue;
+      for (int64_t key = a; key < a + n; ++key)
+        if (!(key_seqs[key * n_words + (seq >> 6)] >> (seq & 63) & 1)) return false;
+    }
+    return true;
+  }
+  // bits[j], j < n: bit i set when row r0 + i (i < n_lanes <= 32) sees key a + j. The rows' distinct
+  // sequences are collected first, so a key costs one test per sequence rather than per row.
+  void lane_bits(int64_t r0, int n_lanes, int64_t a, int64_t n, uint32_t* bits) const {
+    int32_t seqs[32];
+    uint32_t lanes[32];
+    int n_seqs = 0;
+    int32_t min_pos = INT32_MAX;
+    for (int i = 0; i < n_lanes; ++i) {
+      const int32_t seq = row_seq[r0 + i];
+      min_pos = std::min(min_pos, row_pos[r0 + i]);
+      int k = 0;
+      while (k < n_seqs && seqs[k] != seq) ++k;
+      if (k == n_seqs) {
+        seqs[n_seqs] = seq;
+        lanes[n_seqs++] = 0;
+      }
+      lanes[k] |= uint32_t(1) << i;
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t key = a + j;
+      const uint64_t* w = key_seqs + key * n_words;
+      uint32_t b = 0;
+      for (int k = 0; k < n_seqs; ++k)
+        if (w[seqs[k] >> 6] >> (seqs[k] & 63) & 1) b |= lanes[k];
+      if (key_pos[key] > min_pos)
+        for (int i = 0; i < n_lanes; ++i)
+          if (key_pos[key] > row_pos[r0 + i]) b &= ~(uint32_t(1) << i);
+      bits[j] = b;
+    }
+  }
+};
+
+}  // namespace cascade::cpu
