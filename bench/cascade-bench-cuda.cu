@@ -287,9 +287,12 @@ int main(int argc, char** argv) {
             base.batch = B, base.prefix = P, base.suffix = t, base.shape = sh, base.dtype = dt, base.threads = 0;
             base.min_bytes = kv_token_bytes * double(P + B * t) + qo_bytes;
             base.min_flops = 4.0 * B * sh.n_q_heads * double(P + t) * sh.head_dim;
-            base.limit_ms = 1e3 * std::max(base.min_bytes / bw, base.min_flops / rate[dt]);
+            base.path = "cuda";
+            base.bw_ms = 1e3 * base.min_bytes / bw;
+            base.flop_ms = 1e3 * base.min_flops / rate[dt];
+            base.limit_ms = std::max(base.bw_ms, base.flop_ms);
             base.bw_gbs = bw / 1e9;
-            base.gemm_gflops = rate[dt] / 1e9;
+            base.peak_gflops = rate[dt] / 1e9;
             const size_t n_o = size_t(B * sh.n_q_heads * sh.head_dim);
             std::vector<float> first_o;
             std::string first_method;

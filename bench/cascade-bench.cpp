@@ -3,8 +3,10 @@
 // timed side by side against the machine's limits measured in the same run.
 //
 // Each row carries the minimum bytes and FLOPs the step needs (DESIGN.md's table: K/V of P + B*t tokens
-// read once, 4*B*n_q_heads*(P + t)*head_dim FLOPs), the time those imply at the measured bandwidth and
-// matrix-multiply rate (limit_ms, the larger of the two), and the fraction reached, limit_ms / median_ms.
+// read once, 4*B*n_q_heads*(P + t)*head_dim FLOPs), the times those imply at the machine's limits measured in
+// the same run (bw_ms: the bytes at the read bandwidth; flop_ms: the FLOPs at the vector units' multiply-add
+// peak, the bf16 dot-product peak where bf16 K/V are multiplied as bf16), limit_ms, the larger of the two,
+// and the fractions reached: of the limit, of the bandwidth and of the peak. `path` says which kernels ran.
 // Caches are flushed before every timed repetition, so K/V comes from memory as in a real decode step.
 #include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
 
@@ -53,6 +55,9 @@ void usage() {
       "  --method LIST       cascade, split, unified, auto (default: all four). auto: the plan\n"
       "                      auto.hpp chooses per segment from a cost model calibrated once per thread count\n"
       "  --threads LIST      threads (0 = all; default 0)\n"
+      "  --isa LIST          kernel tiers to run, each method on each in the same rounds: avx512, avx2, portable\n"
+      "                      (default: the widest this CPU has)\n"
+      "  --f32-products      bf16 K/V multiplied in f32 (default: on bf16 dot products where the CPU has them)\n"
       "  --reps N            timed repetitions of each method, interleaved (default 5; up to 5x as many\n"
       "                      when the fastest method takes under 1 ms), --warmup N (default 1)\n"
       "  --no-flush          keep caches warm between repetitions\n"
@@ -62,8 +67,28 @@ void usage() {
 Args parse_args(int argc, char** argv) {
   Args a;
   a.methods = {"cascade", "split", "unified", "auto"};
-  parse_flags(argc, argv, a, {"cascade", "split", "unified", "auto"}, usage,
-              [](const std::string&, auto&) { return false; });
+  parse_flags(argc, argv, a, {"cascade", "split", "unified", "auto"}, usage, [&a](const std::string& f, auto& value) {
+    if (f == "--isa") {
+      a.isas.clear();
+      for (const auto& s : split_list(value())) {
+        try {
+          a.isas.push_back(cascade::parse_isa(s));
+        } catch (const cascade::Error& e) {
+          die(std::string("--isa: ") + e.what());
+        }
+        if (a.isas.back() > cascade::detected_isa())
+          die("--isa: this CPU does not run " + s + " (its widest is " + cascade::isa_name(cascade::detected_isa()) +
+              ")");
+      }
+      return true;
+    }
+    if (f == "--f32-products") {
+      a.bf16_products = false;
+      return true;
+    }
+    return false;
+  });
+  if (a.isas.empty()) a.isas.push_back(cascade::detected_isa());
   return a;
 }
 
@@ -150,18 +175,32 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   std::unique_ptr<bench::CacheFlusher> flusher;
   if (a.flush) flusher = std::make_unique<bench::CacheFlusher>();
-  std::map<int, std::pair<double, double>> limits;  // threads -> (bytes/s, flop/s)
-  std::map<int, cascade::CostModel> models;         // threads -> auto's cost model
+  struct Limits {
+    double bw = 0, bf16 = 0;              // bytes/s; bf16 dot-product FLOP/s (0: none)
+    std::map<cascade::Isa, double> fma;  // f32 FMA FLOP/s with each tier's vectors
+  };
+  std::map<int, Limits> limits;                                       // threads -> the machine's limits
+  std::map<std::pair<int, cascade::Isa>, cascade::CostModel> models;  // (threads, tier) -> auto's cost model
+  const cascade::cpu::Bf16Products products(a.bf16_products);
   try {
     for (int thr_req : a.threads) {
       const int thr = thr_req > 0 ? std::min(thr_req, tbb::info::default_concurrency())
                                   : tbb::info::default_concurrency();
       if (!limits.count(thr)) {
-        limits[thr] = {bench::measure_read_bandwidth(thr), bench::measure_gemm_rate(thr, 256, 256, 256)};
-        std::fprintf(stderr, "machine, %d threads: read bandwidth %.1f GB/s, f32 matrix multiply %.1f GFLOP/s\n", thr,
-                     limits[thr].first / 1e9, limits[thr].second / 1e9);
+        Limits& l = limits[thr];
+        l.bw = bench::measure_read_bandwidth(thr);
+        l.bf16 = bench::measure_bf16_peak(thr);
+        std::string fmas;
+        for (cascade::Isa isa : a.isas) {
+          l.fma[isa] = bench::measure_fma_peak(thr, isa);
+          fmas += std::string(fmas.empty() ? "" : ", ") + cascade::isa_name(isa) + " " + fmt(l.fma[isa] / 1e9, 1);
+        }
+        std::fprintf(stderr,
+                     "machine, %d threads: read bandwidth %.1f GB/s, f32 FMA peak (%s) GFLOP/s, bf16 dot-product peak "
+                     "%.1f GFLOP/s; Eigen's f32 matrix multiply %.1f GFLOP/s\n",
+                     thr, l.bw / 1e9, fmas.c_str(), l.bf16 / 1e9, bench::measure_gemm_rate(thr, 256, 256, 256) / 1e9);
       }
-      const auto [bw, flops] = limits[thr];
+      const Limits& lim = limits[thr];
       for (DType dt : a.dtypes)
         for (int64_t B : a.batch)
           for (int64_t P : a.prefix)
@@ -179,14 +218,13 @@ int main(int argc, char** argv) {
               base.threads = thr;
               base.min_bytes = kv_token_bytes * double(P + B * t) + qo_bytes;
               base.min_flops = 4.0 * B * sh.n_q_heads * double(P + t) * sh.head_dim;
-              base.limit_ms = 1e3 * std::max(base.min_bytes / bw, base.min_flops / flops);
-              base.bw_gbs = bw / 1e9;
-              base.gemm_gflops = flops / 1e9;
+              base.bw_ms = 1e3 * base.min_bytes / lim.bw;
+              base.bw_gbs = lim.bw / 1e9;
               std::vector<float> o(prob->q.size());
               cascade::cpu::Options opt{thr};
               opt.kv_dtype = dt;
-              // Set every method up first (layouts, plans), then time them together: each run is one layer's
-              // attention with the step's plan made beforehand, as a model runs it.
+              // Set every method up first (layouts, plans) on every tier, then time them together: each run is
+              // one layer's attention with the step's plan made beforehand (under its tier), as a model runs it.
               std::vector<Row> mrows;
               std::vector<std::function<void()>> runs;
               std::vector<std::unique_ptr<cascade::SplitLayout>> splits;
@@ -194,56 +232,74 @@ int main(int argc, char** argv) {
               std::vector<std::unique_ptr<cascade::Plan>> plans;
               std::vector<std::unique_ptr<cascade::cpu::UnifiedPlan>> unified_plans;
               for (const std::string& m : a.methods) {
-                Row r = base;
-                r.method = m;
-                if (m == "cascade") {
-                  r.bytes_read = base.min_bytes;
-                  plans.push_back(std::make_unique<cascade::Plan>(cascade::cpu::plan(prob->tree, opt)));
-                  const cascade::Plan* plan = plans.back().get();
-                  runs.push_back([&, plan] { cascade::cpu::run(*plan, prob->views, prob->q.data(), o.data()); });
-                } else if (m == "auto") {
-                  if (!models.count(thr)) models[thr] = cascade::calibrate(thr, a.shape);
-                  cascade::cpu::Options auto_opt = opt;
-                  auto_opt.cost_model = &models[thr];
-                  plans.push_back(std::make_unique<cascade::Plan>(cascade::cpu::plan(prob->tree, auto_opt)));
-                  const cascade::AutoChoice& why = *plans.back()->choice();
-                  const int folded = int(std::count_if(why.segments.begin(), why.segments.end(),
-                                                       [](const cascade::SegmentChoice& c) { return !c.shared; }));
-                  r.bytes_read = base.min_bytes + (why.segments.empty() || why.segments[0].shared
-                                                       ? 0.0
-                                                       : kv_token_bytes * double(B - 1) * double(P));
-                  std::fprintf(stderr, "  auto: %s (%d of %d segments folded; predicted %.3f ms, tree %.3f ms)\n",
-                               why.changed ? "regrouped" : "the tree as given", folded, int(why.segments.size()),
-                               1e3 * why.chosen_s, 1e3 * why.tree_s);
-                  const cascade::Plan* plan = plans.back().get();
-                  runs.push_back([&, plan] { cascade::cpu::run(*plan, prob->views, prob->q.data(), o.data()); });
-                } else if (m == "split") {
+                if (m == "split")
                   splits.push_back(
                       std::make_unique<cascade::SplitLayout>(cascade::make_split(prob->tree, prob->views)));
-                  r.bytes_read = kv_token_bytes * double(B) * double(P + t) + qo_bytes;
-                  const cascade::SplitLayout* split = splits.back().get();
-                  plans.push_back(std::make_unique<cascade::Plan>(cascade::cpu::plan(split->tree, opt)));
-                  const cascade::Plan* plan = plans.back().get();
-                  runs.push_back([&, plan, split] { cascade::cpu::run(*plan, split->views, prob->q.data(), o.data()); });
-                } else {
+                if (m == "unified")
                   unifieds.push_back(
                       std::make_unique<cascade::UnifiedLayout>(cascade::make_unified(prob->tree, prob->views)));
-                  r.bytes_read = base.min_bytes;
-                  const cascade::UnifiedLayout* uni = unifieds.back().get();
-                  unified_plans.push_back(std::make_unique<cascade::cpu::UnifiedPlan>(cascade::cpu::plan_unified(
-                      sh, uni->batch.kv.n_tokens, uni->batch.n_rows, opt, prob->tree.scale())));
-                  const cascade::cpu::UnifiedPlan* up = unified_plans.back().get();
-                  runs.push_back([&, uni, up] { cascade::cpu::run_unified(*up, uni->batch, prob->q.data(), o.data()); });
+                for (cascade::Isa isa : a.isas) {
+                  const cascade::IsaLimit isa_limit(isa);
+                  Row r = base;
+                  r.method = m;
+                  // bf16 products where the tiled kernel takes them (kernel.hpp): the bf16 rate is the limit.
+                  const bool bf16_rate = dt == DType::bf16 && cascade::cpu::uses_bf16_products(isa) && lim.bf16 > 0;
+                  const double peak = bf16_rate ? lim.bf16 : lim.fma.at(isa);
+                  r.path = std::string(cascade::isa_name(isa)) + (bf16_rate ? "+bf16" : "");
+                  r.flop_ms = 1e3 * base.min_flops / peak;
+                  r.limit_ms = std::max(r.bw_ms, r.flop_ms);
+                  r.peak_gflops = peak / 1e9;
+                  const std::vector<cascade::KvView>* views = &prob->views;
+                  if (m == "cascade") {
+                    r.bytes_read = base.min_bytes;
+                    plans.push_back(std::make_unique<cascade::Plan>(cascade::cpu::plan(prob->tree, opt)));
+                  } else if (m == "auto") {
+                    if (!models.count({thr, isa})) models[{thr, isa}] = cascade::calibrate(thr, a.shape);
+                    cascade::cpu::Options auto_opt = opt;
+                    auto_opt.cost_model = &models[{thr, isa}];
+                    plans.push_back(std::make_unique<cascade::Plan>(cascade::cpu::plan(prob->tree, auto_opt)));
+                    const cascade::AutoChoice& why = *plans.back()->choice();
+                    const int folded = int(std::count_if(why.segments.begin(), why.segments.end(),
+                                                         [](const cascade::SegmentChoice& c) { return !c.shared; }));
+                    r.bytes_read = base.min_bytes + (why.segments.empty() || why.segments[0].shared
+                                                         ? 0.0
+                                                         : kv_token_bytes * double(B - 1) * double(P));
+                    std::fprintf(stderr, "  auto %s: %s (%d of %d segments folded; predicted %.3f ms, tree %.3f ms)\n",
+                                 r.path.c_str(), why.changed ? "regrouped" : "the tree as given", folded,
+                                 int(why.segments.size()), 1e3 * why.chosen_s, 1e3 * why.tree_s);
+                  } else if (m == "split") {
+                    r.bytes_read = kv_token_bytes * double(B) * double(P + t) + qo_bytes;
+                    views = &splits.back()->views;
+                    plans.push_back(std::make_unique<cascade::Plan>(cascade::cpu::plan(splits.back()->tree, opt)));
+                  } else {
+                    r.bytes_read = base.min_bytes;
+                    const cascade::UnifiedLayout* uni = unifieds.back().get();
+                    unified_plans.push_back(std::make_unique<cascade::cpu::UnifiedPlan>(cascade::cpu::plan_unified(
+                        sh, uni->batch.kv.n_tokens, uni->batch.n_rows, opt, prob->tree.scale())));
+                    const cascade::cpu::UnifiedPlan* up = unified_plans.back().get();
+                    runs.push_back([&, uni, up, isa] {
+                      const cascade::IsaLimit run_limit(isa);
+                      cascade::cpu::run_unified(*up, uni->batch, prob->q.data(), o.data());
+                    });
+                  }
+                  if (m != "unified") {
+                    const cascade::Plan* plan = plans.back().get();
+                    runs.push_back([&, plan, views, isa] {
+                      const cascade::IsaLimit run_limit(isa);
+                      cascade::cpu::run(*plan, *views, prob->q.data(), o.data());
+                    });
+                  }
+                  mrows.push_back(r);
                 }
-                mrows.push_back(r);
               }
               const auto ms = time_interleaved(a, flusher.get(), runs);
               for (size_t k = 0; k < mrows.size(); ++k) {
                 Row& r = mrows[k];
                 fill_stats(r, ms[k]);
                 rows.push_back(r);
-                std::fprintf(stderr, "  %-7s B=%lld P=%lld t=%lld %s thr=%d: %.3f ms\n", r.method.c_str(),
-                             (long long)B, (long long)P, (long long)t, cascade::dtype_name(dt), thr, r.median_ms);
+                std::fprintf(stderr, "  %-7s %-11s B=%lld P=%lld t=%lld %s thr=%d: %.3f ms\n", r.method.c_str(),
+                             r.path.c_str(), (long long)B, (long long)P, (long long)t, cascade::dtype_name(dt), thr,
+                             r.median_ms);
               }
             }
     }

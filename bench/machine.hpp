@@ -1,6 +1,7 @@
 // The machine's own limits, measured in the run that uses them: memory read bandwidth (a streaming sum
-// over a buffer far larger than the caches) and f32 matrix-multiply rate (Eigen products of the shape the
-// shared pass uses, one per thread). Both use the thread count of the rows they are compared with.
+// over a buffer far larger than the caches), the multiply-add peak of its vector units (f32 FMA, and bf16
+// dot products where the CPU has them), and Eigen's f32 matrix-multiply rate for comparison. All use the
+// thread count of the rows they are compared with.
 #pragma once
 
 #include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 namespace bench {
@@ -95,6 +97,131 @@ inline double measure_gemm_rate(int n_threads, int m = 128, int n = 128, int k =
     }
   });
   return best;
+}
+
+// ---- multiply-add peaks --------------------------------------------------------------------------------------
+// Each thread runs kChains independent multiply-add chains in registers (enough to cover the latency on any
+// current core), so the loop is bound by the vector units alone.
+
+inline constexpr int kPeakChains = 12;
+inline constexpr long kPeakIters = 2000000;
+
+#if CASCADE_X86
+CASCADE_TARGET_AVX512_BEGIN
+// f32 FLOPs done (2 per multiply-add).
+inline double fma_loop_avx512(long iters, float* sink) {
+  __m512 acc[kPeakChains];
+  for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm512_set1_ps(1e-3f * float(c));
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-4f);
+  for (long i = 0; i < iters; ++i) {
+    CASCADE_UNROLL(12)
+    for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+  }
+  __m512 s = acc[0];
+  for (int c = 1; c < kPeakChains; ++c) s = _mm512_add_ps(s, acc[c]);
+  *sink = _mm512_cvtss_f32(s);
+  return 2.0 * 16 * kPeakChains * double(iters);
+}
+CASCADE_TARGET_END
+
+CASCADE_TARGET_AVX512_BF16_BEGIN
+// bf16 FLOPs done: vdpbf16ps does 32 multiply-adds of bf16 pairs into 16 f32 lanes.
+inline double bf16_loop(long iters, float* sink) {
+  __m512 acc[kPeakChains];
+  for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm512_set1_ps(1e-3f * float(c));
+  const __m512bh a = __m512bh(_mm512_set1_epi16(0x3f80)), b = __m512bh(_mm512_set1_epi16(0x3800));  // 1, 2^-15
+  for (long i = 0; i < iters; ++i) {
+    CASCADE_UNROLL(12)
+    for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+  }
+  __m512 s = acc[0];
+  for (int c = 1; c < kPeakChains; ++c) s = _mm512_add_ps(s, acc[c]);
+  *sink = _mm512_cvtss_f32(s);
+  return 2.0 * 32 * kPeakChains * double(iters);
+}
+CASCADE_TARGET_END
+
+CASCADE_TARGET_AVX2_BEGIN
+inline double fma_loop_avx2(long iters, float* sink) {
+  __m256 acc[kPeakChains];
+  for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm256_set1_ps(1e-3f * float(c));
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-4f);
+  for (long i = 0; i < iters; ++i) {
+    CASCADE_UNROLL(12)
+    for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+  }
+  __m256 s = acc[0];
+  for (int c = 1; c < kPeakChains; ++c) s = _mm256_add_ps(s, acc[c]);
+  *sink = _mm256_cvtss_f32(s);
+  return 2.0 * 8 * kPeakChains * double(iters);
+}
+CASCADE_TARGET_END
+#endif
+
+// SSE multiply and add (any x86-64; separate instructions, as code built for the baseline runs them): the
+// portable tier's bound.
+inline double fma_loop_portable(long iters, float* sink) {
+#if CASCADE_X86
+  __m128 acc[kPeakChains];
+  for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm_set1_ps(1e-3f * float(c));
+  const __m128 a = _mm_set1_ps(0.999f), b = _mm_set1_ps(1e-4f);
+  for (long i = 0; i < iters; ++i) {
+    CASCADE_UNROLL(12)
+    for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm_add_ps(_mm_mul_ps(acc[c], a), b);
+  }
+  __m128 s = acc[0];
+  for (int c = 1; c < kPeakChains; ++c) s = _mm_add_ps(s, acc[c]);
+  *sink = _mm_cvtss_f32(s);
+  return 2.0 * 4 * kPeakChains * double(iters);
+#else
+  float acc[kPeakChains];
+  for (int c = 0; c < kPeakChains; ++c) acc[c] = 1e-3f * float(c);
+  for (long i = 0; i < iters; ++i)
+    for (int c = 0; c < kPeakChains; ++c) acc[c] = acc[c] * 0.999f + 1e-4f;
+  float s = 0;
+  for (int c = 0; c < kPeakChains; ++c) s += acc[c];
+  *sink = s;
+  return 2.0 * kPeakChains * double(iters);
+#endif
+}
+
+// Best-of-3 rate in FLOP/s of `loop` run on n_threads threads at once (each its own chains).
+inline double measure_peak(int n_threads, double (*loop)(long, float*)) {
+  double best = 0;
+  std::vector<float> sink(size_t(std::max(1, n_threads)) * 16);
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<double> flops(static_cast<size_t>(n_threads));
+    std::vector<std::thread> pool;
+    const double t0 = now_s();
+    for (int t = 0; t < n_threads; ++t)
+      pool.emplace_back([&, t] { flops[size_t(t)] = loop(kPeakIters, &sink[size_t(t) * 16]); });
+    for (auto& th : pool) th.join();
+    const double dt = now_s() - t0;
+    double total = 0;
+    for (double f : flops) total += f;
+    best = std::max(best, total / dt);
+  }
+  return best;
+}
+
+// The f32 multiply-add peak of n_threads threads with the widest vectors of tier `isa`, in FLOP/s.
+inline double measure_fma_peak(int n_threads, cascade::Isa isa = cascade::detected_isa()) {
+#if CASCADE_X86
+  if (isa == cascade::Isa::avx512) return measure_peak(n_threads, fma_loop_avx512);
+  if (isa == cascade::Isa::avx2) return measure_peak(n_threads, fma_loop_avx2);
+#endif
+  (void)isa;
+  return measure_peak(n_threads, fma_loop_portable);
+}
+
+// The bf16 dot-product peak (vdpbf16ps) of n_threads threads in FLOP/s; 0 where the CPU lacks AVX512_BF16.
+inline double measure_bf16_peak(int n_threads) {
+#if CASCADE_X86
+  if (cascade::detected_isa() == cascade::Isa::avx512 && cascade::cpu_features().avx512_bf16)
+    return measure_peak(n_threads, bf16_loop);
+#endif
+  (void)n_threads;
+  return 0.0;
 }
 
 }  // namespace bench

@@ -15,6 +15,7 @@
 
 #include "cascade/dtype.hpp"
 #include "cascade/error.hpp"
+#include "cascade/simd.hpp"
 #include "cascade/tree.hpp"
 
 namespace bench {
@@ -65,6 +66,8 @@ struct Args {
   std::vector<DType> dtypes{DType::f16};
   std::vector<std::string> methods;
   std::vector<int> threads{0};
+  std::vector<cascade::Isa> isas;  // instruction-set tiers to run (CPU only; empty: the widest the CPU has)
+  bool bf16_products = true;       // bf16 K/V on bf16 dot products where the CPU has them (CPU only)
   int reps = 5, warmup = 1;
   std::string format = "md";
   bool flush = true;
@@ -146,13 +149,16 @@ void parse_flags(int argc, char** argv, Args& a, const std::vector<std::string>&
 
 struct Row {
   std::string method;
+  std::string path;  // the kernels that ran: an instruction-set tier (+bf16: bf16 products), or the device
   int64_t batch, prefix, suffix;
   HeadShape shape;
   DType dtype;
   int threads;
   double median_ms, mean_ms, stdev_ms, min_ms, max_ms;
-  double min_bytes, min_flops, bytes_read, limit_ms;
-  double bw_gbs, gemm_gflops;
+  double min_bytes, min_flops, bytes_read;
+  double bw_ms, flop_ms;  // the minimum bytes at the read bandwidth, the minimum FLOPs at the peak rate
+  double limit_ms;        // the larger of the two
+  double bw_gbs, peak_gflops;
 };
 
 inline void fill_stats(Row& r, std::vector<double> ms) {
@@ -174,16 +180,22 @@ inline std::string fmt(double x, int prec = 3) {
   return b;
 }
 
+// "of limit" is limit_ms / median_ms; "of bw" and "of peak" are the same for each limit alone: the share of
+// the read bandwidth and of the multiply-add peak the run reached.
 inline void print_md(const std::vector<Row>& rows) {
-  std::printf("| method  |   B |      P |      t | heads     | kv   | thr | median ms |     ± ms | limit ms | of limit |\n");
-  std::printf("|---------|----:|-------:|-------:|-----------|------|----:|----------:|---------:|---------:|---------:|\n");
+  std::printf("| method  | path        |   B |      P |      t | heads     | kv   | thr | median ms |     ± ms | limit ms | "
+              "of limit |  of bw | of peak |\n");
+  std::printf("|---------|-------------|----:|-------:|-------:|-----------|------|----:|----------:|---------:|---------:|"
+              "---------:|-------:|--------:|\n");
   for (const Row& r : rows) {
     const std::string heads = std::to_string(r.shape.n_q_heads) + "/" + std::to_string(r.shape.n_kv_heads) + "/" +
                               std::to_string(r.shape.head_dim);
-    std::printf("| %-7s | %3lld | %6lld | %6lld | %-9s | %-4s | %3d | %9s | %8s | %8s | %7.1f%% |\n", r.method.c_str(),
-                (long long)r.batch, (long long)r.prefix, (long long)r.suffix, heads.c_str(),
-                cascade::dtype_name(r.dtype), r.threads, fmt(r.median_ms).c_str(), fmt(r.stdev_ms).c_str(),
-                fmt(r.limit_ms).c_str(), 100.0 * r.limit_ms / r.median_ms);
+    std::printf("| %-7s | %-11s | %3lld | %6lld | %6lld | %-9s | %-4s | %3d | %9s | %8s | %8s | %7.1f%% | %5.1f%% | "
+                "%6.1f%% |\n",
+                r.method.c_str(), r.path.c_str(), (long long)r.batch, (long long)r.prefix, (long long)r.suffix,
+                heads.c_str(), cascade::dtype_name(r.dtype), r.threads, fmt(r.median_ms).c_str(),
+                fmt(r.stdev_ms).c_str(), fmt(r.limit_ms).c_str(), 100.0 * r.limit_ms / r.median_ms,
+                100.0 * r.bw_ms / r.median_ms, 100.0 * r.flop_ms / r.median_ms);
   }
   // Speedups of cascade over the baselines measured in the same configuration.
   bool header = false;
@@ -192,28 +204,52 @@ inline void print_md(const std::vector<Row>& rows) {
     std::string line;
     for (const Row& b : rows) {
       if (b.method == "cascade" || b.batch != c.batch || b.prefix != c.prefix || b.suffix != c.suffix ||
-          b.dtype != c.dtype || b.threads != c.threads)
+          b.dtype != c.dtype || b.threads != c.threads || b.path != c.path)
         continue;
       line += "  " + fmt(b.median_ms / c.median_ms, 2) + "x vs " + b.method;
     }
     if (line.empty()) continue;
     if (!header) std::printf("\ncascade speedup (median over median):\n");
     header = true;
-    std::printf("  B=%lld P=%lld t=%lld %s %d thr:%s\n", (long long)c.batch, (long long)c.prefix, (long long)c.suffix,
-                cascade::dtype_name(c.dtype), c.threads, line.c_str());
+    std::printf("  B=%lld P=%lld t=%lld %s %d thr %s:%s\n", (long long)c.batch, (long long)c.prefix,
+                (long long)c.suffix, cascade::dtype_name(c.dtype), c.threads, c.path.c_str(), line.c_str());
+  }
+  // Each method's time on the other kernel paths over its time on the first path listed.
+  header = false;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& f = rows[i];
+    std::string line;
+    bool first = true;
+    for (size_t j = 0; j < rows.size(); ++j) {
+      const Row& b = rows[j];
+      if (b.method != f.method || b.batch != f.batch || b.prefix != f.prefix || b.suffix != f.suffix ||
+          b.dtype != f.dtype || b.threads != f.threads)
+        continue;
+      if (j < i) first = false;
+      if (j != i) line += "  " + b.path + " " + fmt(b.median_ms / f.median_ms, 2) + "x";
+    }
+    if (!first || line.empty()) continue;
+    if (!header) std::printf("\ntime on the other kernel paths, over the first path's:\n");
+    header = true;
+    std::printf("  %-7s B=%lld P=%lld t=%lld %s %d thr, %s:%s\n", f.method.c_str(), (long long)f.batch,
+                (long long)f.prefix, (long long)f.suffix, cascade::dtype_name(f.dtype), f.threads, f.path.c_str(),
+                line.c_str());
   }
 }
 
 inline void print_csv(const std::vector<Row>& rows) {
   std::printf(
-      "method,batch,prefix,suffix,n_q_heads,n_kv_heads,head_dim,kv_dtype,threads,median_ms,mean_ms,stdev_ms,min_ms,"
-      "max_ms,min_bytes,min_flops,bytes_read,limit_ms,fraction,bw_gbs,gemm_gflops\n");
+      "method,path,batch,prefix,suffix,n_q_heads,n_kv_heads,head_dim,kv_dtype,threads,median_ms,mean_ms,stdev_ms,"
+      "min_ms,max_ms,min_bytes,min_flops,bytes_read,limit_ms,fraction,bw_ms,bw_fraction,flop_ms,peak_fraction,bw_gbs,"
+      "peak_gflops\n");
   for (const Row& r : rows)
-    std::printf("%s,%lld,%lld,%lld,%d,%d,%d,%s,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%.0f,%.0f,%.0f,%.6f,%.6f,%.3f,%.3f\n",
-                r.method.c_str(), (long long)r.batch, (long long)r.prefix, (long long)r.suffix, r.shape.n_q_heads,
-                r.shape.n_kv_heads, r.shape.head_dim, cascade::dtype_name(r.dtype), r.threads, r.median_ms, r.mean_ms,
-                r.stdev_ms, r.min_ms, r.max_ms, r.min_bytes, r.min_flops, r.bytes_read, r.limit_ms,
-                r.limit_ms / r.median_ms, r.bw_gbs, r.gemm_gflops);
+    std::printf("%s,%s,%lld,%lld,%lld,%d,%d,%d,%s,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%.0f,%.0f,%.0f,%.6f,%.6f,%.6f,%.6f,%.6f,"
+                "%.6f,%.3f,%.3f\n",
+                r.method.c_str(), r.path.c_str(), (long long)r.batch, (long long)r.prefix, (long long)r.suffix,
+                r.shape.n_q_heads, r.shape.n_kv_heads, r.shape.head_dim, cascade::dtype_name(r.dtype), r.threads,
+                r.median_ms, r.mean_ms, r.stdev_ms, r.min_ms, r.max_ms, r.min_bytes, r.min_flops, r.bytes_read,
+                r.limit_ms, r.limit_ms / r.median_ms, r.bw_ms, r.bw_ms / r.median_ms, r.flop_ms,
+                r.flop_ms / r.median_ms, r.bw_gbs, r.peak_gflops);
 }
 
 inline void print_json(const std::vector<Row>& rows) {
@@ -221,15 +257,17 @@ inline void print_json(const std::vector<Row>& rows) {
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     std::printf(
-        "  {\"method\": \"%s\", \"batch\": %lld, \"prefix\": %lld, \"suffix\": %lld, \"n_q_heads\": %d, "
-        "\"n_kv_heads\": %d, \"head_dim\": %d, \"kv_dtype\": \"%s\", \"threads\": %d, \"median_ms\": %.6f, "
-        "\"mean_ms\": %.6f, \"stdev_ms\": %.6f, \"min_ms\": %.6f, \"max_ms\": %.6f, \"min_bytes\": %.0f, "
-        "\"min_flops\": %.0f, \"bytes_read\": %.0f, \"limit_ms\": %.6f, \"fraction\": %.6f, \"bw_gbs\": %.3f, "
-        "\"gemm_gflops\": %.3f}%s\n",
-        r.method.c_str(), (long long)r.batch, (long long)r.prefix, (long long)r.suffix, r.shape.n_q_heads,
-        r.shape.n_kv_heads, r.shape.head_dim, cascade::dtype_name(r.dtype), r.threads, r.median_ms, r.mean_ms,
-        r.stdev_ms, r.min_ms, r.max_ms, r.min_bytes, r.min_flops, r.bytes_read, r.limit_ms, r.limit_ms / r.median_ms,
-        r.bw_gbs, r.gemm_gflops, i + 1 < rows.size() ? "," : "");
+        "  {\"method\": \"%s\", \"path\": \"%s\", \"batch\": %lld, \"prefix\": %lld, \"suffix\": %lld, "
+        "\"n_q_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, \"kv_dtype\": \"%s\", \"threads\": %d, "
+        "\"median_ms\": %.6f, \"mean_ms\": %.6f, \"stdev_ms\": %.6f, \"min_ms\": %.6f, \"max_ms\": %.6f, "
+        "\"min_bytes\": %.0f, \"min_flops\": %.0f, \"bytes_read\": %.0f, \"limit_ms\": %.6f, \"fraction\": %.6f, "
+        "\"bw_ms\": %.6f, \"bw_fraction\": %.6f, \"flop_ms\": %.6f, \"peak_fraction\": %.6f, \"bw_gbs\": %.3f, "
+        "\"peak_gflops\": %.3f}%s\n",
+        r.method.c_str(), r.path.c_str(), (long long)r.batch, (long long)r.prefix, (long long)r.suffix,
+        r.shape.n_q_heads, r.shape.n_kv_heads, r.shape.head_dim, cascade::dtype_name(r.dtype), r.threads, r.median_ms,
+        r.mean_ms, r.stdev_ms, r.min_ms, r.max_ms, r.min_bytes, r.min_flops, r.bytes_read, r.limit_ms,
+        r.limit_ms / r.median_ms, r.bw_ms, r.bw_ms / r.median_ms, r.flop_ms, r.flop_ms / r.median_ms, r.bw_gbs,
+        r.peak_gflops, i + 1 < rows.size() ? "," : "");
   }
   std::printf("]\n");
 }
