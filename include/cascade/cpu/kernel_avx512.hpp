@@ -182,7 +182,8 @@ inline void tile_block_bf16(const uint32_t* qp, const uint16_t* kp, const uint32
     const reg m_old = _mm512_loadu_ps(m + v * W);
     const reg m_new = _mm512_max_ps(m_old, mx);
     const reg m_use = V::select(V::eq(m_new, neg_inf), _mm512_setzero_ps(), m_new);
-    rescale |= !V::all_eq(m_new, m_old);
+    const bool moved = !V::all_eq(m_new, m_old);
+    rescale |= moved;
     alpha[v] = exp2_neg(_mm512_sub_ps(m_old, m_use));
     reg sum = _mm512_setzero_ps();
     CASCADE_UNROLL(16)
@@ -191,7 +192,8 @@ inline void tile_block_bf16(const uint32_t* qp, const uint16_t* kp, const uint32
       sum = _mm512_add_ps(sum, s[j][v]);
     }
     _mm512_storeu_ps(m + v * W, m_new);
-    _mm512_storeu_ps(l + v * W, _mm512_fmadd_ps(_mm512_loadu_ps(l + v * W), alpha[v], sum));
+    const reg l_old = _mm512_loadu_ps(l + v * W);
+    _mm512_storeu_ps(l + v * W, moved ? _mm512_fmadd_ps(l_old, alpha[v], sum) : _mm512_add_ps(l_old, sum));
     CASCADE_UNROLL(8)
     for (int jp = 0; jp < NK / 2; ++jp)
       pp[jp][v] = __m512bh(
