@@ -60,7 +60,7 @@ inline bool uses_bf16_products(Isa isa = active_isa()) {
 // takes multiples of 16; an AVX-512 CPU runs the AVX2 one for head dims like 72 or 200). The portable tier
 // runs every pass head by head.
 inline bool use_few_rows(int64_t rows_per_head, int head_dim, Isa isa = active_isa()) {
-  return rows_per_head <= avx512::kFewRows && isa != Isa::portable && head_dim % 8 == 0;
+  return rows_per_head <= kFewRows && isa != Isa::portable && head_dim % 8 == 0;
 }
 
 // The tier whose code runs a call of either kernel shape under tier `isa`.
@@ -72,11 +72,12 @@ inline Isa kernel_tier(bool few, int head_dim, Isa isa = active_isa()) {
 
 // Attends heads [kvh, kvh + n_heads) of kv (q, o: (n_heads, n_rows, head_dim), f32; lse: (n_heads, n_rows),
 // natural log) to tokens [t0, t1) under mask (row and key indices relative to the first row and to token 0
-// of kv), q times `scale`, on the few-rows kernel (few) or the tiled one, in the widest tier active_isa()
-// allows. Rows that see no key get (0, -inf).
+// of kv), q times `scale`, on the few-rows kernel (few: at most kFewRows rows) or the tiled one, in the
+// widest tier active_isa() allows. Rows that see no key get (0, -inf).
 template <class Mask>
 void attend_range_dispatch(bool few, const float* q, int64_t n_rows, int n_heads, const KvView& kv, int kvh,
                            int64_t t0, int64_t t1, const Mask& mask, float scale, float* o, float* lse, Scratch& sc) {
+  few = few && n_rows <= kFewRows;  // more rows take the tiled kernel, whatever the caller planned
 #if CASCADE_X86
   const Isa isa = active_isa();
   switch (kernel_tier(few, kv.head_dim, isa)) {

@@ -20,6 +20,8 @@ namespace cascade::cpu {
 // Most query rows (stacked rows of one KV head) one work item carries; rows of a larger pass are split into
 // tiles of this many.
 inline constexpr int64_t kMaxRows = 128;
+// Most stacked rows per KV head the few-rows kernel takes (kernel.hpp).
+inline constexpr int64_t kFewRows = 8;
 
 // Per-thread scratch of the kernels: numbered buffers of floats, 64-byte aligned, grown on demand and kept.
 class Scratch {
