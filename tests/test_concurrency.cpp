@@ -121,6 +121,9 @@ TEST_CASE("concurrency: attention from several plain threads at once, each with 
       for (float& x : j.q) x = rng.uniform(-1.0f, 1.0f);
     }
   }
+  // f32 products: this checks the threads' results at the tight bound (bf16 products round q; test_attention.cpp
+  // checks that path at its own bound). Set before the threads start: the setting is process-wide.
+  const cpu::Bf16Products f32_products(false);
   // Thread t plans for t threads (0: the caller's arena, 1: alone, 2, 3: more than this machine may have) and
   // runs each plan n_reps times.
   on_threads(n_threads, [&](int t) {
