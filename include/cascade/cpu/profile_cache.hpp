@@ -45,6 +45,7 @@
 
 #include "cascade/auto.hpp"
 #include "cascade/cpu/calibrate.hpp"
+#include "cascade/cpu/kernel.hpp"
 #include "cascade/dtype.hpp"
 #include "cascade/error.hpp"
 #include "cascade/tree.hpp"
@@ -63,7 +64,7 @@ inline int effective_threads(int n_threads) {
 struct ProfileKey {
   std::string cpu_model;     // the CPU's name (CPUID, else /proc/cpuinfo), "unknown" when neither says
   std::string cpu_features;  // cpu_feature_names()
-  std::string isa;           // the tier the kernels run (active_isa())
+  std::string isa;           // the tier the kernels run (active_isa()), "+bf16" where bf16 K/V run on bf16 products
   std::string build;         // the compiler and the instruction set the library was compiled for
   int n_threads = 0;         // threads calibrated with (effective_threads: never 0)
   int n_kv_heads = 0, head_dim = 0;
@@ -154,6 +155,7 @@ inline ProfileKey ProfileKey::here(int n_threads, const HeadShape& shape, DType 
   k.cpu_features = cpu_feature_names();
   if (k.cpu_features.empty()) k.cpu_features = "none";
   k.isa = isa_name(active_isa());
+  if (kv_dtype == DType::bf16 && uses_bf16_products()) k.isa += "+bf16";  // about twice the f32 rate
   k.build = build_description();
   k.n_threads = effective_threads(n_threads);
   k.n_kv_heads = shape.n_kv_heads;
