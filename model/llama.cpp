@@ -4,7 +4,7 @@
 
 #include <tbb/parallel_for.h>
 
-#include <Eigen/Core>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -19,7 +19,6 @@ namespace cascade::llama {
 
 namespace {
 
-using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -52,224 +51,13 @@ const gguf::TensorInfo& find_checked(const gguf::File& f, const std::string& nam
   return *t;
 }
 
-bool kept_quantized(gguf::TensorType t) {
-  return t == gguf::TensorType::Q8_0 || t == gguf::TensorType::Q4_1;
-}
-
-// A 2-D tensor (ne = {n_in, n_out}): its blocks as they are (keep_quantized and a kept type), or dequantized
-// row by row, rows spread over threads.
-Linear load_linear(const gguf::File& f, const std::string& name, int64_t n_in, int64_t n_out, bool keep_quantized) {
+// A 2-D tensor (ne = {n_in, n_out}) viewed where its bytes are: base + the tensor's offset in the file.
+Linear load_linear(const gguf::File& f, const uint8_t* base, const std::string& name, int64_t n_in, int64_t n_out) {
   const gguf::TensorInfo& t = find_checked(f, name, {n_in, n_out});
-  Linear l;
-  l.n_in = n_in;
-  l.n_out = n_out;
-  const uint8_t* data = f.tensor_data(t);
-  const uint64_t rb = gguf::row_bytes(t.type, n_in);
-  if (keep_quantized && kept_quantized(t.type)) {
-    l.type = t.type;
-    l.row_bytes = rb;
-    l.q.assign(data, data + rb * uint64_t(n_out));
-    return l;
-  }
-  l.w.resize(size_t(n_in * n_out));
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_out, 256), [&](const tbb::blocked_range<int64_t>& r) {
-    for (int64_t i = r.begin(); i < r.end(); ++i)
-      gguf::dequantize_row(t.type, data + i * rb, l.w.data() + i * n_in, n_in);
-  });
-  return l;
-}
-
-// --- the kept block types, written so the compiler vectorizes them (layouts in quant.hpp) ---
-inline float half(const uint8_t* p) {
-#if defined(__F16C__)
-  return _cvtsh_ss(uint16_t(p[0] | (p[1] << 8)));  // one instruction: this runs once per block
-#else
-  return gguf::fp16_to_fp32(uint16_t(p[0] | (p[1] << 8)));
-#endif
-}
-
-template <gguf::TensorType T>
-struct Block;
-template <>
-struct Block<gguf::TensorType::Q8_0> {
-  static constexpr int64_t bytes = 34;
-  static void dequant(const uint8_t* b, float* y) {
-    const float d = half(b);
-    const auto* q = reinterpret_cast<const int8_t*>(b + 2);
-    for (int j = 0; j < 32; ++j) y[j] = d * float(q[j]);
-  }
-};
-template <>
-struct Block<gguf::TensorType::Q4_1> {
-  static constexpr int64_t bytes = 20;
-  static void dequant(const uint8_t* b, float* y) {
-    const float d = half(b), m = half(b + 2);
-    const uint8_t* q = b + 4;
-    for (int j = 0; j < 16; ++j) {
-      y[j] = d * float(q[j] & 15) + m;
-      y[j + 16] = d * float(q[j] >> 4) + m;
-    }
-  }
-};
-
-template <gguf::TensorType T>
-void dequant_row(const uint8_t* row, float* y, int64_t n_in) {
-  for (int64_t b = 0; b < n_in / 32; ++b) Block<T>::dequant(row + b * Block<T>::bytes, y + b * 32);
-}
-
-// Most rows of X the fused path takes; more go through dequantized tiles and Eigen.
-constexpr int64_t kFusedRows = 16;
-
-#if defined(__AVX512F__)
-// The 32 values of a block as two vectors of 16 floats (values 0-15, 16-31).
-template <gguf::TensorType T>
-inline void load_block16(const uint8_t* b, __m512 w[2]) {
-  if constexpr (T == gguf::TensorType::Q8_0) {
-    const __m512 d = _mm512_set1_ps(half(b));
-    for (int k = 0; k < 2; ++k) {
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * k));
-      w[k] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
-    }
-  } else {
-    const __m512 d = _mm512_set1_ps(half(b)), m = _mm512_set1_ps(half(b + 2));
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4));
-    const __m128i mask = _mm_set1_epi8(15);
-    w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, mask))), d, m);
-    w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), mask))), d, m);
-  }
-}
-
-// Y[r, i] = W_i . X_r for rows i of [i0, i1) and the N rows r of X: each block of W is dequantized into
-// registers once and multiplied into N accumulators that stay in registers (2 chains each below N = 8,
-// so FMA latency does not bound the loop).
-template <gguf::TensorType T, int N>
-void fused_rows(const Linear& W, const float* X, float* Y, int64_t i0, int64_t i1) {
-  const int64_t n_blocks = W.n_in / 32;
-  constexpr int C = N >= 8 ? 1 : 2;
-  for (int64_t i = i0; i < i1; ++i) {
-    const uint8_t* row = W.q.data() + uint64_t(i) * W.row_bytes;
-    __m512 acc[N][C];
-    for (int r = 0; r < N; ++r)
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      __m512 w[2];
-      load_block16<T>(row + b * Block<T>::bytes, w);
-      for (int r = 0; r < N; ++r) {
-        const float* x = X + r * W.n_in + b * 32;
-        acc[r][0] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x), acc[r][0]);
-        acc[r][C - 1] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x + 16), acc[r][C - 1]);
-      }
-    }
-    for (int r = 0; r < N; ++r) {
-      __m512 t = acc[r][0];
-      if constexpr (C > 1) t = _mm512_add_ps(t, acc[r][1]);
-      Y[r * W.n_out + i] = _mm512_reduce_add_ps(t);
-    }
-  }
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-// The 32 values of a block as four vectors of 8 floats (values 0-7, 8-15, 16-23, 24-31).
-template <gguf::TensorType T>
-inline void load_block(const uint8_t* b, __m256 w[4]) {
-  if constexpr (T == gguf::TensorType::Q8_0) {
-    const __m256 d = _mm256_set1_ps(half(b));
-    for (int k = 0; k < 4; ++k) {
-      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * k));
-      w[k] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
-    }
-  } else {
-    const __m256 d = _mm256_set1_ps(half(b)), m = _mm256_set1_ps(half(b + 2));
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4));
-    const __m128i mask = _mm_set1_epi8(15);
-    const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), d, m);
-    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), d, m);
-    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), d, m);
-    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), d, m);
-  }
-}
-
-inline float hsum(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
-}
-
-// Y[r, i] = W_i . X_r for rows i of [i0, i1) and the N rows r of X: each block of W is dequantized into
-// registers once and multiplied into N accumulators that stay in registers.
-template <gguf::TensorType T, int N>
-void fused_rows(const Linear& W, const float* X, float* Y, int64_t i0, int64_t i1) {
-  const int64_t n_blocks = W.n_in / 32;
-  for (int64_t i = i0; i < i1; ++i) {
-    const uint8_t* row = W.q.data() + uint64_t(i) * W.row_bytes;
-    // C independent chains per row of X: FMA latency (4 cycles) would otherwise bound a single chain.
-    constexpr int C = N >= 8 ? 1 : N >= 3 ? 2 : 4;
-    __m256 acc[N][C];
-    for (int r = 0; r < N; ++r)
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      __m256 w[4];
-      load_block<T>(row + b * Block<T>::bytes, w);
-      for (int r = 0; r < N; ++r) {
-        const float* x = X + r * W.n_in + b * 32;
-        for (int k = 0; k < 4; ++k) acc[r][k % C] = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(x + 8 * k), acc[r][k % C]);
-      }
-    }
-    for (int r = 0; r < N; ++r) {
-      __m256 t = acc[r][0];
-      for (int c = 1; c < C; ++c) t = _mm256_add_ps(t, acc[r][c]);
-      Y[r * W.n_out + i] = hsum(t);
-    }
-  }
-}
-#else
-// Y[r, i] = W_i . X_r for rows i of [i0, i1) and the N rows r of X: every block of W is dequantized into
-// registers and multiplied into N accumulators of 32 lanes (N fixed so they stay in registers; the lanes are
-// summed once per row, keeping the loops free of reductions the compiler would not vectorize).
-template <gguf::TensorType T, int N>
-void fused_rows(const Linear& W, const float* X, float* Y, int64_t i0, int64_t i1) {
-  const int64_t n_blocks = W.n_in / 32;
-  for (int64_t i = i0; i < i1; ++i) {
-    const uint8_t* row = W.q.data() + uint64_t(i) * W.row_bytes;
-    float acc[N][32] = {};
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      float w[32];
-      Block<T>::dequant(row + b * Block<T>::bytes, w);
-      for (int r = 0; r < N; ++r) {
-        const float* x = X + r * W.n_in + b * 32;
-        for (int j = 0; j < 32; ++j) acc[r][j] += w[j] * x[j];
-      }
-    }
-    for (int r = 0; r < N; ++r) {
-      float s = 0;
-      for (int j = 0; j < 32; ++j) s += acc[r][j];
-      Y[r * W.n_out + i] = s;
-    }
-  }
-}
-
-#endif
-
-// All n rows of X, 8 or 4 at a time (W's rows are re-read from L1/L2 per group, not from memory).
-template <gguf::TensorType T>
-void fused_all(const Linear& W, const float* X, int64_t n, float* Y, int64_t i0, int64_t i1) {
-  int64_t r = 0;
-  for (; r + 8 <= n; r += 8) fused_rows<T, 8>(W, X + r * W.n_in, Y + r * W.n_out, i0, i1);
-  for (; r + 4 <= n; r += 4) fused_rows<T, 4>(W, X + r * W.n_in, Y + r * W.n_out, i0, i1);
-  switch (n - r) {
-    case 3: return fused_rows<T, 3>(W, X + r * W.n_in, Y + r * W.n_out, i0, i1);
-    case 2: return fused_rows<T, 2>(W, X + r * W.n_in, Y + r * W.n_out, i0, i1);
-    case 1: return fused_rows<T, 1>(W, X + r * W.n_in, Y + r * W.n_out, i0, i1);
-    default: return;
-  }
-}
-
-template <class F>
-decltype(auto) dispatch_block(gguf::TensorType t, F&& f) {
-  switch (t) {
-    case gguf::TensorType::Q8_0: return f.template operator()<gguf::TensorType::Q8_0>();
-    case gguf::TensorType::Q4_1: return f.template operator()<gguf::TensorType::Q4_1>();
-    default: detail::fail("linear: type ", gguf::type_name(t), " is not kept quantized");
+  try {
+    return linear::Matrix::view(t.type, base + (f.tensor_data(t) - f.tensor_data(f.tensors().front())), n_in, n_out);
+  } catch (const Error& e) {
+    detail::fail(f.name(), ": tensor '", name, "': ", e.what());
   }
 }
 
@@ -326,50 +114,6 @@ void rope(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t n_rot,
 }
 
 }  // namespace
-
-void Linear::row(int64_t i, float* out) const {
-  if (type == gguf::TensorType::F32) {
-    std::copy_n(w.data() + i * n_in, n_in, out);
-    return;
-  }
-  dispatch_block(type, [&]<gguf::TensorType T>() { dequant_row<T>(q.data() + uint64_t(i) * row_bytes, out, n_in); });
-}
-
-void linear(const Linear& W, const float* X, int64_t n, float* Y) {
-  if (n == 0) return;
-  using Map = Eigen::Map<const RowMat>;
-  using OutMap = Eigen::Map<RowMat, 0, Eigen::OuterStride<>>;
-  const Map x(X, n, W.n_in);
-  if (W.type == gguf::TensorType::F32) {
-    // Blocks of output rows: big enough for Eigen's kernels, small enough to balance over threads.
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, W.n_out, 64), [&](const tbb::blocked_range<int64_t>& r) {
-      const int64_t m = r.end() - r.begin();
-      const Map w(W.w.data() + r.begin() * W.n_in, m, W.n_in);
-      OutMap y(Y + r.begin(), n, m, Eigen::OuterStride<>(W.n_out));
-      y.noalias() = x * w.transpose();
-    });
-    return;
-  }
-  dispatch_block(W.type, [&]<gguf::TensorType T>() {
-    if (n <= kFusedRows) {
-      tbb::parallel_for(tbb::blocked_range<int64_t>(0, W.n_out, 32), [&](const tbb::blocked_range<int64_t>& r) {
-        fused_all<T>(W, X, n, Y, r.begin(), r.end());
-      });
-      return;
-    }
-    // Prefill: dequantize a tile of 64 rows (at most 64 x n_in floats, L2-sized) and multiply it with Eigen.
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, W.n_out, 64), [&](const tbb::blocked_range<int64_t>& r) {
-      thread_local std::vector<float> tile;
-      const int64_t m = r.end() - r.begin();
-      tile.resize(size_t(m * W.n_in));
-      for (int64_t i = 0; i < m; ++i)
-        dequant_row<T>(W.q.data() + uint64_t(r.begin() + i) * W.row_bytes, tile.data() + i * W.n_in, W.n_in);
-      const Map w(tile.data(), m, W.n_in);
-      OutMap y(Y + r.begin(), n, m, Eigen::OuterStride<>(W.n_out));
-      y.noalias() = x * w.transpose();
-    });
-  });
-}
 
 Hparams Hparams::from_gguf(const gguf::File& f) {
   const std::string arch(f.architecture());
@@ -429,41 +173,86 @@ void Hparams::validate() const {
 }
 
 size_t Model::weight_bytes() const {
-  size_t n = w_.tok_embd.bytes() + w_.output.bytes() + w_.output_norm.size() * sizeof(float);
+  size_t n = w_.tok_embd.bytes() + (w_.tied ? 0 : w_.output.bytes()) + w_.output_norm.size() * sizeof(float);
   for (const Layer& l : w_.layers)
     n += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.ffn_gate.bytes() + l.ffn_up.bytes() +
          l.ffn_down.bytes() + (l.attn_norm.size() + l.ffn_norm.size()) * sizeof(float);
   return n;
 }
 
-Model Model::load(const gguf::File& f, bool keep_quantized) {
+uint64_t Model::bytes_needed(const gguf::File& f) {
+  uint64_t n = 0;
+  for (const gguf::TensorInfo& t : f.tensors()) n += t.n_bytes;
+  return n;
+}
+
+// base: where the bytes of the file's first tensor are (the file itself, or a copy of its data section from
+// there on); every matrix views base + its offset from that tensor.
+Model Model::load_from(const gguf::File& f, const uint8_t* base, LinearPath path) {
   Model m;
+  m.path_ = path;
   m.hp_ = Hparams::from_gguf(f);
   const Hparams& hp = m.hp_;
   const int64_t d = hp.n_embd, dq = hp.n_head * hp.head_dim, dkv = hp.n_head_kv * hp.head_dim;
   Weights& w = m.w_;
-  w.tok_embd = load_linear(f, "token_embd.weight", d, hp.n_vocab, keep_quantized);
+  w.tok_embd = load_linear(f, base, "token_embd.weight", d, hp.n_vocab);
   w.output_norm = load_vector(f, "output_norm.weight", d);
   w.tied = f.find_tensor("output.weight") == nullptr;
-  if (!w.tied) w.output = load_linear(f, "output.weight", d, hp.n_vocab, keep_quantized);
+  if (!w.tied) w.output = load_linear(f, base, "output.weight", d, hp.n_vocab);
   // Layer by layer, so a block_count larger than the file's tensors fails at the first missing tensor
   // instead of allocating every layer up front.
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const std::string p = "blk." + std::to_string(il) + ".";
     Layer& l = w.layers.emplace_back();
     l.attn_norm = load_vector(f, p + "attn_norm.weight", d);
-    l.wq = load_linear(f, p + "attn_q.weight", d, dq, keep_quantized);
-    l.wk = load_linear(f, p + "attn_k.weight", d, dkv, keep_quantized);
-    l.wv = load_linear(f, p + "attn_v.weight", d, dkv, keep_quantized);
-    l.wo = load_linear(f, p + "attn_output.weight", dq, d, keep_quantized);
+    l.wq = load_linear(f, base, p + "attn_q.weight", d, dq);
+    l.wk = load_linear(f, base, p + "attn_k.weight", d, dkv);
+    l.wv = load_linear(f, base, p + "attn_v.weight", d, dkv);
+    l.wo = load_linear(f, base, p + "attn_output.weight", dq, d);
     l.ffn_norm = load_vector(f, p + "ffn_norm.weight", d);
-    l.ffn_gate = load_linear(f, p + "ffn_gate.weight", d, hp.n_ff, keep_quantized);
-    l.ffn_up = load_linear(f, p + "ffn_up.weight", d, hp.n_ff, keep_quantized);
-    l.ffn_down = load_linear(f, p + "ffn_down.weight", hp.n_ff, d, keep_quantized);
+    l.ffn_gate = load_linear(f, base, p + "ffn_gate.weight", d, hp.n_ff);
+    l.ffn_up = load_linear(f, base, p + "ffn_up.weight", d, hp.n_ff);
+    l.ffn_down = load_linear(f, base, p + "ffn_down.weight", hp.n_ff, d);
   }
   m.inv_freq_.resize(size_t(hp.n_rot / 2));
   for (int64_t i = 0; i < hp.n_rot / 2; ++i)
     m.inv_freq_[i] = float(std::pow(double(hp.rope_base), -2.0 * double(i) / double(hp.n_rot)));
+  return m;
+}
+
+// The bytes from the first tensor's to the end of the file (tensors are laid out after it, in any order).
+Model Model::load(const gguf::File& f, LinearPath path) {
+  CASCADE_CHECK(!f.tensors().empty(), f.name(), ": the file holds no tensors");
+  const uint8_t* first = f.tensor_data(f.tensors().front());
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    lo = std::min<uint64_t>(lo, t.offset);
+    hi = std::max<uint64_t>(hi, t.offset + t.n_bytes);
+  }
+  // Copy [lo, hi) of the data section; base is where the first tensor lands in the copy.
+  const uint8_t* data = first - f.tensors().front().offset;
+  auto copy = std::make_shared<std::vector<uint8_t>>(data + lo, data + hi);
+  const uint8_t* base = copy->data() + (f.tensors().front().offset - lo);
+  Model m = load_from(f, base, path);
+  m.bytes_ = copy;
+  return m;
+}
+
+Model Model::load(std::shared_ptr<const gguf::File> file, LinearPath path) {
+  CASCADE_CHECK(file != nullptr, "Model::load: no file");
+  CASCADE_CHECK(!file->tensors().empty(), file->name(), ": the file holds no tensors");
+  Model m = load_from(*file, file->tensor_data(file->tensors().front()), path);
+  // Touch every page of the tensors once, so the first forward pass does not take the page faults.
+  std::vector<const gguf::TensorInfo*> ts;
+  for (const gguf::TensorInfo& t : file->tensors()) ts.push_back(&t);
+  tbb::parallel_for(size_t(0), ts.size(), [&](size_t i) {
+    const uint8_t* p = file->tensor_data(*ts[i]);
+    uint8_t sum = 0;
+    for (uint64_t o = 0; o < ts[i]->n_bytes; o += 4096) sum = uint8_t(sum + p[o]);
+    volatile uint8_t sink = sum;
+    (void)sink;
+  });
+  m.bytes_ = std::move(file);
   return m;
 }
 
@@ -488,27 +277,38 @@ void Model::forward(const std::vector<int32_t>& tokens, const std::vector<int32_
 
   std::vector<float> rope_cos, rope_sin;
   rope_table(pos, inv_freq_, rope_cos, rope_sin);
+  // Y = X W^T for the model's linear path; an Input is quantized once for all the matrices it meets.
+  const auto mul = [&](const Linear& W, const linear::Input& in, float* y) {
+    if (path_ == LinearPath::f32) linear::matmul_f32(W, in.data(), in.n(), y);
+    else linear::matmul(W, in, y);
+  };
   double t_attn = 0;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const Layer& l = w_.layers[il];
     rms_norm(x.data(), l.attn_norm.data(), n, d, hp.rms_eps, h.data());
-    linear(l.wq, h.data(), n, q.data());
-    linear(l.wk, h.data(), n, k.data());
-    linear(l.wv, h.data(), n, v.data());
+    {
+      const linear::Input hin(h.data(), n, d);
+      mul(l.wq, hin, q.data());
+      mul(l.wk, hin, k.data());
+      mul(l.wv, hin, v.data());
+    }
     rope(q.data(), n, hp.n_head, hp.head_dim, hp.n_rot, rope_cos, rope_sin);
     rope(k.data(), n, hp.n_head_kv, hp.head_dim, hp.n_rot, rope_cos, rope_sin);
     cache.store(int(il), k.data(), v.data());
     const auto t0 = Clock::now();  // attention alone: storing K/V is not part of it
     cache.attend(int(il), q.data(), att.data());
     t_attn += seconds_since(t0);
-    linear(l.wo, att.data(), n, tmp.data());
+    mul(l.wo, linear::Input(att.data(), n, dq), tmp.data());
     for (int64_t i = 0; i < n * d; ++i) x[i] += tmp[i];
 
     rms_norm(x.data(), l.ffn_norm.data(), n, d, hp.rms_eps, h.data());
-    linear(l.ffn_gate, h.data(), n, g.data());
-    linear(l.ffn_up, h.data(), n, u.data());
+    {
+      const linear::Input hin(h.data(), n, d);
+      mul(l.ffn_gate, hin, g.data());
+      mul(l.ffn_up, hin, u.data());
+    }
     for (int64_t i = 0; i < n * hp.n_ff; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-    linear(l.ffn_down, g.data(), n, tmp.data());
+    mul(l.ffn_down, linear::Input(g.data(), n, hp.n_ff), tmp.data());
     for (int64_t i = 0; i < n * d; ++i) x[i] += tmp[i];
   }
 
@@ -520,7 +320,7 @@ void Model::forward(const std::vector<int32_t>& tokens, const std::vector<int32_
     rms_norm(x.data() + logit_rows[j] * d, w_.output_norm.data(), 1, d, hp.rms_eps, sel.data() + j * d);
   }
   logits.resize(size_t(n_out * hp.n_vocab));
-  linear(w_.lm_head(), sel.data(), n_out, logits.data());
+  mul(w_.lm_head(), linear::Input(sel.data(), n_out, d), logits.data());
   if (timings) {
     timings->attention += t_attn;
     timings->total += seconds_since(t_start);

@@ -4,10 +4,12 @@
 // `head_count_kv` absent means head_count (no GQA), `rope.freq_base` absent means 10000,
 // `rope.dimension_count` absent means the head dim.
 //
-// Weights: Q8_0 and Q4_1 matrices stay in their blocks (decode is memory-bound), every other supported type
-// (quant.hpp) is dequantized to f32 at load; Model::load(file, false) makes everything f32. A linear layer is
-// stored as GGUF stores it: (n_out, n_in) row-major, so y = W x is a dot of each row with x; a step's
-// tokens are stacked into a matrix and multiplied at once, Y (n_tokens, n_out) = X (n_tokens, n_in) W^T.
+// Weights stay as the file stores them (every type quant.hpp reads): a linear layer is a linear::Matrix viewing
+// the tensor's bytes, (n_out, n_in) row-major as GGUF stores it, so y = W x is a dot of each row with x; a step's
+// tokens are stacked into a matrix and multiplied at once, Y (n_tokens, n_out) = X (n_tokens, n_in) W^T
+// (linear.hpp: activations quantized once per layer input, integer dot products). Only the norm vectors are
+// copied, as f32. The model keeps the bytes alive: the memory-mapped file itself (load of a shared File), or
+// one copy of the tensors (load of a File the caller keeps).
 //
 // The forward pass (per step, all rows of the step together):
 //   x = token_embd[token]                                      (n, n_embd)
@@ -20,11 +22,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cascade/plan.hpp"
 #include "model/gguf.hpp"
+#include "model/linear.hpp"
 
 namespace cascade {
 
@@ -51,18 +55,7 @@ struct Hparams {
   void validate() const;
 };
 
-// A linear layer, y = W x, W (n_out, n_in) row-major. Stored either as f32 (w) or, for Q8_0 and Q4_1
-// tensors when the model is loaded with keep_quantized, as the file's blocks (q: n_out rows of row_bytes):
-// decode is memory-bound, and those blocks are 3.8x (Q8_0) and 6.4x (Q4_1) smaller than f32.
-struct Linear {
-  int64_t n_in = 0, n_out = 0;
-  gguf::TensorType type = gguf::TensorType::F32;  // F32 (w) or Q8_0 / Q4_1 (q)
-  std::vector<float> w;
-  std::vector<uint8_t> q;
-  uint64_t row_bytes = 0;
-  void row(int64_t i, float* out) const;  // dequantizes row i into out (n_in floats)
-  size_t bytes() const { return w.size() * sizeof(float) + q.size(); }
-};
+using Linear = linear::Matrix;
 
 // One transformer block (llama.cpp's llama_layer; the names are the GGUF tensor names without blk.N.).
 struct Layer {
@@ -90,16 +83,27 @@ struct Timings {
   double attention = 0;  // the cache's attention calls only (KvCache::attend; not storing K/V)
 };
 
+// How the forward pass multiplies its linear layers.
+enum class LinearPath {
+  quantized,  // linear.hpp: activations quantized once per layer input, integer dot products (the default)
+  f32,        // weights dequantized tile by tile, f32 activations: the reference the quantized path is checked with
+};
+
 class Model {
  public:
   // Architecture "llama" only; shapes are checked against the hyperparameters (an Error names the tensor),
-  // and a tensor of a type that cannot be dequantized is an Error naming tensor and type.
-  // keep_quantized: Q8_0 and Q4_1 matrices stay in their blocks (see Linear); else all are f32.
-  static Model load(const gguf::File& file, bool keep_quantized = true);
+  // and a tensor of a type the runtime cannot read is an Error naming tensor and type.
+  // This form copies the tensors' bytes (the File may go away); the shared form keeps the File and reads its
+  // bytes in place (a memory-mapped file: no copy, pages touched once at load so the first step does not fault).
+  static Model load(const gguf::File& file, LinearPath path = LinearPath::quantized);
+  static Model load(std::shared_ptr<const gguf::File> file, LinearPath path = LinearPath::quantized);
+  // Bytes the weights of a file take once loaded: the tensors' own.
+  static uint64_t bytes_needed(const gguf::File& file);
 
   const Hparams& hparams() const { return hp_; }
   const Weights& weights() const { return w_; }
-  size_t weight_bytes() const;
+  LinearPath linear_path() const { return path_; }
+  size_t weight_bytes() const;  // the matrices' bytes (as stored) plus the f32 norms
 
   // Runs tokens[0..n) at positions pos[0..n) through the model. The cache's current step (begin_step)
   // must describe exactly these rows, in this order. logits: (logit_rows.size(), n_vocab), row j for
@@ -108,17 +112,13 @@ class Model {
                const std::vector<int64_t>& logit_rows, std::vector<float>& logits, Timings* t = nullptr) const;
 
  private:
+  static Model load_from(const gguf::File& file, const uint8_t* base, LinearPath path);
   Hparams hp_;
   Weights w_;
-  std::vector<float> inv_freq_;  // (n_rot / 2): base^(-2i / n_rot)
+  LinearPath path_ = LinearPath::quantized;
+  std::shared_ptr<const void> bytes_;  // what the matrices view: the File, or a copy of its tensors
+  std::vector<float> inv_freq_;        // (n_rot / 2): base^(-2i / n_rot)
 };
-
-// Y (n, W.n_out) = X (n, W.n_in) W^T, row-major; the output rows of W are split across the current
-// oneTBB arena's threads. Eigen runs single-threaded inside each block: the project builds without OpenMP,
-// so Eigen::setNbThreads has no effect, and nesting Eigen's threads under oneTBB's would oversubscribe.
-// Quantized W: few rows (decode) take a fused dequantize-and-dot over all rows of X at once (each block is
-// read once per step); many rows (prefill) dequantize tiles of W for Eigen.
-void linear(const Linear& W, const float* X, int64_t n, float* Y);
 
 }  // namespace llama
 }  // namespace cascade

@@ -54,31 +54,45 @@ namespace {
 uint16_t le16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 float half_at(const uint8_t* p) { return fp16_to_fp32(le16(p)); }
 
-// --- one block each: b points at the block, y receives block_size values ---
+// --- one block each, as codes: b points at the block; q receives block_size codes, sc and off one scale and
+// offset per group (quant.hpp) ---
 
-void block_q4_0(const uint8_t* b, float* y) {
-  const float d = half_at(b);
+void scales_q4_0(const uint8_t* b, float* sc, float* off) {
+  sc[0] = half_at(b);
+  off[0] = -8.0f * sc[0];
+}
+
+void codes_q4_0(const uint8_t* b, uint8_t* q, float* sc, float* off) {
+  scales_q4_0(b, sc, off);
   const uint8_t* qs = b + 2;
   for (int j = 0; j < 16; ++j) {
-    y[j] = static_cast<float>((qs[j] & 15) - 8) * d;
-    y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
+    q[j] = qs[j] & 15;
+    q[j + 16] = qs[j] >> 4;
   }
 }
 
-void block_q4_1(const uint8_t* b, float* y) {
-  const float d = half_at(b);
-  const float m = half_at(b + 2);
+void scales_q4_1(const uint8_t* b, float* sc, float* off) {
+  sc[0] = half_at(b);
+  off[0] = half_at(b + 2);
+}
+
+void codes_q4_1(const uint8_t* b, uint8_t* q, float* sc, float* off) {
+  scales_q4_1(b, sc, off);
   const uint8_t* qs = b + 4;
   for (int j = 0; j < 16; ++j) {
-    y[j] = static_cast<float>(qs[j] & 15) * d + m;
-    y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
+    q[j] = qs[j] & 15;
+    q[j + 16] = qs[j] >> 4;
   }
 }
 
-void block_q8_0(const uint8_t* b, float* y) {
-  const float d = half_at(b);
-  const auto* qs = reinterpret_cast<const int8_t*>(b + 2);
-  for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
+void scales_q8_0(const uint8_t* b, float* sc, float* off) {
+  sc[0] = half_at(b);
+  off[0] = -128.0f * sc[0];
+}
+
+void codes_q8_0(const uint8_t* b, uint8_t* q, float* sc, float* off) {
+  scales_q8_0(b, sc, off);
+  for (int j = 0; j < 32; ++j) q[j] = static_cast<uint8_t>(b[2 + j] ^ 0x80);  // two's complement + 128
 }
 
 // The 12 scale bytes of q4_K and q5_K hold eight 6-bit scales and eight 6-bit mins, one pair per sub-block
@@ -95,90 +109,102 @@ void scale_min_k4(int sub, const uint8_t* s, int& scale, int& min) {
   }
 }
 
+void scales_k4(const uint8_t* b, float* sc, float* off) {
+  const float d = half_at(b), dmin = half_at(b + 2);
+  for (int sub = 0; sub < 8; ++sub) {
+    int scale, min;
+    scale_min_k4(sub, b + 4, scale, min);
+    sc[sub] = d * static_cast<float>(scale);
+    off[sub] = -dmin * static_cast<float>(min);
+  }
+}
+
 // q4_K: four groups of 64 values; group g reads qs[32g .. 32g+32): the low nibbles are sub-block 2g,
 // the high nibbles sub-block 2g+1.
-void block_q4_k(const uint8_t* b, float* y) {
-  const float d = half_at(b);
-  const float dmin = half_at(b + 2);
-  const uint8_t* scales = b + 4;
+void codes_q4_k(const uint8_t* b, uint8_t* q, float* sc, float* off) {
+  scales_k4(b, sc, off);
   const uint8_t* qs = b + 16;
-  for (int g = 0; g < 4; ++g) {
-    int sc, mn;
-    scale_min_k4(2 * g, scales, sc, mn);
-    const float d_lo = d * static_cast<float>(sc), m_lo = dmin * static_cast<float>(mn);
-    scale_min_k4(2 * g + 1, scales, sc, mn);
-    const float d_hi = d * static_cast<float>(sc), m_hi = dmin * static_cast<float>(mn);
-    const uint8_t* q = qs + 32 * g;
-    float* out = y + 64 * g;
+  for (int g = 0; g < 4; ++g)
     for (int l = 0; l < 32; ++l) {
-      out[l] = d_lo * static_cast<float>(q[l] & 15) - m_lo;
-      out[l + 32] = d_hi * static_cast<float>(q[l] >> 4) - m_hi;
+      q[64 * g + l] = qs[32 * g + l] & 15;
+      q[64 * g + 32 + l] = qs[32 * g + l] >> 4;
     }
-  }
 }
 
 // q5_K: q4_K plus a fifth bit per value from qh[32]: for value 64g + l it is bit 2g of qh[l], for
 // 64g + 32 + l bit 2g+1.
-void block_q5_k(const uint8_t* b, float* y) {
-  const float d = half_at(b);
-  const float dmin = half_at(b + 2);
-  const uint8_t* scales = b + 4;
+void codes_q5_k(const uint8_t* b, uint8_t* q, float* sc, float* off) {
+  scales_k4(b, sc, off);
   const uint8_t* qh = b + 16;
   const uint8_t* qs = b + 48;
-  for (int g = 0; g < 4; ++g) {
-    int sc, mn;
-    scale_min_k4(2 * g, scales, sc, mn);
-    const float d_lo = d * static_cast<float>(sc), m_lo = dmin * static_cast<float>(mn);
-    scale_min_k4(2 * g + 1, scales, sc, mn);
-    const float d_hi = d * static_cast<float>(sc), m_hi = dmin * static_cast<float>(mn);
-    const uint8_t* q = qs + 32 * g;
-    float* out = y + 64 * g;
+  for (int g = 0; g < 4; ++g)
     for (int l = 0; l < 32; ++l) {
-      const int lo = (q[l] & 15) | (((qh[l] >> (2 * g)) & 1) << 4);
-      const int hi = (q[l] >> 4) | (((qh[l] >> (2 * g + 1)) & 1) << 4);
-      out[l] = d_lo * static_cast<float>(lo) - m_lo;
-      out[l + 32] = d_hi * static_cast<float>(hi) - m_hi;
+      q[64 * g + l] = static_cast<uint8_t>((qs[32 * g + l] & 15) | (((qh[l] >> (2 * g)) & 1) << 4));
+      q[64 * g + 32 + l] = static_cast<uint8_t>((qs[32 * g + l] >> 4) | (((qh[l] >> (2 * g + 1)) & 1) << 4));
     }
-  }
 }
 
 // q6_K: two halves of 128 values; half h uses ql[64h .. 64h+64), qh[32h .. 32h+32), scales[8h .. 8h+8).
 // Within a half, for l < 32: value l takes the low nibble of ql[l] and bits 0-1 of qh[l]; value 32+l the
 // low nibble of ql[32+l] and bits 2-3; value 64+l the high nibble of ql[l] and bits 4-5; value 96+l the
 // high nibble of ql[32+l] and bits 6-7. Each run of 16 values has its own scale.
-void block_q6_k(const uint8_t* b, float* y) {
+void scales_q6_k(const uint8_t* b, float* sc, float* off) {
   const float d = half_at(b + 208);
+  const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
+  for (int g = 0; g < 16; ++g) {
+    sc[g] = d * static_cast<float>(scales[g]);
+    off[g] = -32.0f * sc[g];
+  }
+}
+
+void codes_q6_k(const uint8_t* b, uint8_t* q, float* sc, float* off) {
+  scales_q6_k(b, sc, off);
   for (int h = 0; h < 2; ++h) {
     const uint8_t* ql = b + 64 * h;
     const uint8_t* qh = b + 128 + 32 * h;
-    const auto* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * h);
-    float* out = y + 128 * h;
+    uint8_t* out = q + 128 * h;
     for (int l = 0; l < 32; ++l) {
-      const int s = l / 16;
-      const int q0 = ((ql[l] & 15) | (((qh[l] >> 0) & 3) << 4)) - 32;
-      const int q1 = ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32;
-      const int q2 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-      const int q3 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-      out[l] = d * static_cast<float>(sc[s]) * static_cast<float>(q0);
-      out[l + 32] = d * static_cast<float>(sc[s + 2]) * static_cast<float>(q1);
-      out[l + 64] = d * static_cast<float>(sc[s + 4]) * static_cast<float>(q2);
-      out[l + 96] = d * static_cast<float>(sc[s + 6]) * static_cast<float>(q3);
+      out[l] = static_cast<uint8_t>((ql[l] & 15) | (((qh[l] >> 0) & 3) << 4));
+      out[l + 32] = static_cast<uint8_t>((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4));
+      out[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+      out[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
     }
   }
 }
 
-using BlockFn = void (*)(const uint8_t*, float*);
+using CodesFn = void (*)(const uint8_t*, uint8_t*, float*, float*);
+using ScalesFn = void (*)(const uint8_t*, float*, float*);
 
-BlockFn block_fn(TensorType t) {
+ScalesFn scales_fn(TensorType t) {
   switch (t) {
-    case TensorType::Q4_0: return block_q4_0;
-    case TensorType::Q4_1: return block_q4_1;
-    case TensorType::Q8_0: return block_q8_0;
-    case TensorType::Q4_K: return block_q4_k;
-    case TensorType::Q5_K: return block_q5_k;
-    case TensorType::Q6_K: return block_q6_k;
+    case TensorType::Q4_0: return scales_q4_0;
+    case TensorType::Q4_1: return scales_q4_1;
+    case TensorType::Q8_0: return scales_q8_0;
+    case TensorType::Q4_K: case TensorType::Q5_K: return scales_k4;
+    case TensorType::Q6_K: return scales_q6_k;
     default: return nullptr;
   }
+}
+
+CodesFn codes_fn(TensorType t) {
+  switch (t) {
+    case TensorType::Q4_0: return codes_q4_0;
+    case TensorType::Q4_1: return codes_q4_1;
+    case TensorType::Q8_0: return codes_q8_0;
+    case TensorType::Q4_K: return codes_q4_k;
+    case TensorType::Q5_K: return codes_q5_k;
+    case TensorType::Q6_K: return codes_q6_k;
+    default: return nullptr;
+  }
+}
+
+// y = scale * code + offset per group of one block, rounded once (the product is exact, quant.hpp).
+void block_values(TensorType t, const uint8_t* b, float* y) {
+  uint8_t q[256];
+  float sc[16], off[16];
+  codes_fn(t)(b, q, sc, off);
+  const int64_t bs = block_size(t), gs = code_group_size(t);
+  for (int64_t k = 0; k < bs; ++k) y[k] = std::fma(sc[k / gs], static_cast<float>(q[k]), off[k / gs]);
 }
 
 void check_args(TensorType t, int64_t n, const char* fn) {
@@ -228,10 +254,37 @@ void dequantize_row(TensorType t, const void* src, float* dst, int64_t n) {
       return;
     default: break;
   }
-  const BlockFn fn = block_fn(t);
   const int64_t bs = block_size(t);
   const uint64_t bb = block_bytes(t);
-  for (int64_t k = 0; k < n / bs; ++k) fn(b + k * bb, dst + k * bs);
+  for (int64_t k = 0; k < n / bs; ++k) block_values(t, b + k * bb, dst + k * bs);
+}
+
+int64_t code_group_size(TensorType t) {
+  switch (t) {
+    case TensorType::Q4_0: case TensorType::Q4_1: case TensorType::Q8_0: case TensorType::Q4_K:
+    case TensorType::Q5_K:
+      return 32;
+    case TensorType::Q6_K:
+      return 16;
+    default:
+      return 0;
+  }
+}
+
+void decode_codes(TensorType t, const void* src, int64_t n, uint8_t* code, float* scale, float* offset) {
+  check_args(t, n, "decode_codes");
+  const CodesFn fn = codes_fn(t);
+  CASCADE_CHECK(fn != nullptr, "decode_codes: tensor type ", type_name(t), " has no integer codes");
+  const auto* b = static_cast<const uint8_t*>(src);
+  const int64_t bs = block_size(t), n_groups = bs / code_group_size(t);
+  const uint64_t bb = block_bytes(t);
+  for (int64_t k = 0; k < n / bs; ++k) fn(b + k * bb, code + k * bs, scale + k * n_groups, offset + k * n_groups);
+}
+
+void block_scales(TensorType t, const void* src, float* scale, float* offset) {
+  const ScalesFn fn = scales_fn(t);
+  CASCADE_CHECK(fn != nullptr, "block_scales: tensor type ", type_name(t), " has no integer codes");
+  fn(static_cast<const uint8_t*>(src), scale, offset);
 }
 
 float dot_row(TensorType t, const void* row, const float* x, int64_t n) {
@@ -257,13 +310,12 @@ float dot_row(TensorType t, const void* row, const float* x, int64_t n) {
     }
     return s;
   }
-  const BlockFn fn = block_fn(t);
   const int64_t bs = block_size(t);
   const uint64_t bb = block_bytes(t);
   float tmp[256];
   float s = 0;
   for (int64_t k = 0; k < n / bs; ++k) {
-    fn(b + k * bb, tmp);
+    block_values(t, b + k * bb, tmp);
     s += dot_f32(tmp, x + k * bs, bs);
   }
   return s;

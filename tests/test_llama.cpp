@@ -29,6 +29,9 @@ struct Spec {
   bool q8 = false;               // Q8_0 for every matrix whose rows are a whole number of blocks
   bool q4_1 = false;             // Q4_1 likewise (q8 wins when both are set)
   bool u64 = false;              // counts as u64 instead of u32
+  // Any other type the runtime reads, for every matrix whose rows are a whole number of its blocks: random
+  // codes with scales that keep the values O(1 / sqrt(n_in)) (F32: none)
+  TensorType other = TensorType::F32;
   std::string arch = "llama";
 };
 
@@ -95,6 +98,50 @@ std::vector<uint8_t> quantize_q4_1(const std::vector<float>& x, std::vector<doub
   return out;
 }
 
+// n_out rows of n_in values of a quantized (or f16 / bf16) type t whose values are about uniform in
+// [-amp, amp]: random codes, every scale amp / (largest code), offsets centring the codes.
+std::vector<uint8_t> random_blocks(TensorType t, int n_in, int n_out, float amp, std::mt19937& rng) {
+  const uint64_t n = uint64_t(n_in) * uint64_t(n_out);
+  std::vector<uint8_t> out(gguf::row_bytes(t, n_in) * uint64_t(n_out));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const auto put = [&](size_t at, float v) {
+    const uint16_t h = gguf::fp32_to_fp16(v);
+    out[at] = uint8_t(h & 0xff);
+    out[at + 1] = uint8_t(h >> 8);
+  };
+  if (t == TensorType::F16 || t == TensorType::BF16) {
+    for (uint64_t k = 0; k < n; ++k) {
+      const float v = u(rng) * amp;
+      const uint16_t h = t == TensorType::F16 ? gguf::fp32_to_fp16(v) : gguf::fp32_to_bf16(v);
+      out[2 * k] = uint8_t(h & 0xff);
+      out[2 * k + 1] = uint8_t(h >> 8);
+    }
+    return out;
+  }
+  for (auto& b : out) b = uint8_t(rng());
+  const size_t bb = gguf::block_bytes(t);
+  for (size_t at = 0; at < out.size(); at += bb) {
+    switch (t) {
+      case TensorType::Q4_0: put(at, amp / 8); break;
+      case TensorType::Q8_0: put(at, amp / 128); break;
+      case TensorType::Q4_K: case TensorType::Q5_K: {
+        // scales and mins of every sub-block: 6-bit fields, here sc = 32 + (random low bits), mn ~ sc * 7.5
+        const int top = t == TensorType::Q4_K ? 15 : 31;
+        put(at, 2 * amp / top / 48);
+        put(at + 2, amp / 48);
+        for (int j = 0; j < 12; ++j) out[at + 4 + j] = uint8_t(0xA0 | (rng() & 0x0F));
+        break;
+      }
+      case TensorType::Q6_K:
+        put(at + 208, amp / 32 / 48);
+        for (int j = 0; j < 16; ++j) out[at + 192 + j] = uint8_t(int8_t(32 + int(rng() % 32)));
+        break;
+      default: FAIL("no random blocks for " << gguf::type_name(t));
+    }
+  }
+  return out;
+}
+
 Tiny make_tiny(const Spec& s, uint32_t seed = 1) {
   Tiny t;
   t.spec = s;
@@ -131,6 +178,12 @@ Tiny make_tiny(const Spec& s, uint32_t seed = 1) {
     } else if (s.q4_1 && n_in % 32 == 0) {
       const auto q = quantize_q4_1(x, m.w);
       w.add_tensor(name, TensorType::Q4_1, {n_in, n_out}, q.data());
+    } else if (s.other != TensorType::F32 && n_in % gguf::block_size(s.other) == 0) {
+      const auto q = random_blocks(s.other, n_in, n_out, float(gain / std::sqrt(double(n_in))), rng);
+      std::vector<float> back(x.size());
+      gguf::dequantize_row(s.other, q.data(), back.data(), int64_t(x.size()));
+      m.w.assign(back.begin(), back.end());
+      w.add_tensor(name, s.other, {n_in, n_out}, q.data());
     } else {
       m.w.assign(x.begin(), x.end());
       w.add_tensor(name, TensorType::F32, {n_in, n_out}, x.data());
@@ -272,12 +325,11 @@ void check_logits(const float* got, const std::vector<double>& ref, const Tol& t
 // Prefill of two prompts sharing 5 tokens (a tree of 3 nodes), then 4 sequences (2 per prompt) decoding
 // their own random tokens for 4 steps, the last with only some of them active. Every logit of every row
 // is compared with the reference of the sequence's whole token list.
-// n_shared > 16 - 7 takes the prefill through the dequantized-tile path of quantized layers.
 // chunked: the prefill runs as two passes, the first ending inside the shared node (as generate's n_batch).
 void run_scenario(const Tiny& t, AttnMethod method, DType dtype, const Tol& tol, int n_shared = 5,
-                  bool keep_quantized = true, bool chunked = false) {
+                  llama::LinearPath path = llama::LinearPath::f32, bool chunked = false) {
   const gguf::File file = gguf::File::from_bytes(t.bytes, "tiny.gguf");
-  const llama::Model model = llama::Model::load(file, keep_quantized);
+  const llama::Model model = llama::Model::load(file, path);
   const llama::Hparams& hp = model.hparams();
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> tok(0, t.spec.n_vocab - 1);
@@ -397,22 +449,37 @@ TEST_CASE("llama: Q8_0 weights (mixed with f32), untied output, u64 counts, expl
   }
 }
 
-TEST_CASE("llama: Q4_1 weights kept quantized or dequantized at load, a prefill long enough for the tiled path") {
+TEST_CASE("llama: Q4_1 weights, a prefill of 37 rows, and one in two passes") {
   Spec s;
   s.q4_1 = true;
   const Tiny t = make_tiny(s, 4);
   {
     const gguf::File file = gguf::File::from_bytes(t.bytes, "tiny.gguf");
     CHECK(llama::Model::load(file).weights().layers[0].wq.type == TensorType::Q4_1);
-    CHECK(llama::Model::load(file, false).weights().layers[0].wq.type == TensorType::F32);
     CHECK(llama::Model::load(file).weights().layers[0].ffn_down.type == TensorType::F32);  // 48 is no block multiple
   }
   for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified, AttnMethod::auto_}) {
     CAPTURE(attn_method_name(m));
     run_scenario(t, m, DType::f32, {1e-4, 1e-4}, 5);
     run_scenario(t, m, DType::f32, {1e-4, 1e-4}, 30);
-    run_scenario(t, m, DType::f32, {1e-4, 1e-4}, 30, /*keep_quantized=*/false);
-    run_scenario(t, m, DType::f32, {1e-4, 1e-4}, 30, true, /*chunked=*/true);
+    run_scenario(t, m, DType::f32, {1e-4, 1e-4}, 30, llama::LinearPath::f32, /*chunked=*/true);
+  }
+}
+
+// Every method on the quantized path, step by step with the tokens the scenario feeds, against the double
+// reference: within the quantized path's tolerance (below: 0.08 of the logits' standard deviation plus 2% of
+// each logit; these models' logits have a standard deviation of 4.1-4.5, so 0.35 + 2%).
+TEST_CASE("llama: Q8_0 and Q4_1 weights on the quantized path, every method, within the int8 tolerance") {
+  for (int kind = 0; kind < 2; ++kind) {
+    Spec s;
+    (kind ? s.q4_1 : s.q8) = true;
+    const Tiny t = make_tiny(s, 8 + kind);
+    for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified, AttnMethod::auto_}) {
+      CAPTURE(attn_method_name(m));
+      CAPTURE(kind);
+      run_scenario(t, m, DType::f32, {0.35, 0.02}, 5, llama::LinearPath::quantized);
+      run_scenario(t, m, DType::f16, {0.35, 0.02}, 30, llama::LinearPath::quantized, /*chunked=*/true);
+    }
   }
 }
 
@@ -427,6 +494,83 @@ TEST_CASE("llama: f16 cache within the f16 tolerance, no GQA when head_count_kv 
   for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified, AttnMethod::auto_}) {
     CAPTURE(attn_method_name(m));
     run_scenario(t, m, DType::f16, {1e-2, 1e-2});
+  }
+}
+
+namespace {
+
+// Logits of every row of a 12-token prefill, then of 3 single-token decode steps: (15, n_vocab).
+std::vector<float> path_logits(const Tiny& t, llama::LinearPath path) {
+  const gguf::File file = gguf::File::from_bytes(t.bytes, "tiny.gguf");
+  const llama::Model model = llama::Model::load(file, path);
+  const llama::Hparams& hp = model.hparams();
+  TreeCache cache(int(hp.n_layer), hp.head_shape(), DType::f32);
+  const int seg = cache.add_segment(-1, 0);
+  std::vector<int32_t> tokens, pos;
+  std::vector<int64_t> rows;
+  for (int i = 0; i < 12; ++i) tokens.push_back((7 * i + 3) % t.spec.n_vocab), pos.push_back(i), rows.push_back(i);
+  std::vector<float> all, step;
+  cache.begin_step({{seg, 12, 0}});
+  model.forward(tokens, pos, cache, rows, all);
+  for (int i = 12; i < 15; ++i) {
+    cache.begin_step({{seg, 1, i}});
+    model.forward({(5 * i + 1) % t.spec.n_vocab}, {i}, cache, {0}, step);
+    all.insert(all.end(), step.begin(), step.end());
+  }
+  return all;
+}
+
+}  // namespace
+
+// The quantized path rounds every activation entering a linear layer to 8 bits per block of 32: each value moves
+// by at most half a step, max|x| / 254 of its block. A layer's output moves by the weighted sum of those
+// errors; with errors of random sign that is about ||w|| max|x| / (254 sqrt(3)) per output, i.e. ~0.5% of the
+// output's typical size for activations whose block maximum is ~3 standard deviations. Two such layers, the
+// attention's softmax and the residuals compound it to ~1-3% of the logits' spread (measured: at most 2.5%,
+// q4_0 and q8_0); the tolerance is 0.08 of the logits' standard deviation plus 2% of each logit. A wrong
+// scale, offset, code or group lands at O(1) of the spread.
+TEST_CASE("llama: the quantized path's logits against the f32 path, every weight type") {
+  struct Case {
+    const char* name;
+    Spec spec;
+  };
+  std::vector<Case> cases;
+  {
+    Spec s;
+    s.q8 = true;
+    cases.push_back({"q8_0", s});
+    s.q8 = false;
+    s.q4_1 = true;
+    cases.push_back({"q4_1", s});
+  }
+  for (TensorType ty : {TensorType::Q4_0, TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K, TensorType::F16,
+                        TensorType::BF16}) {
+    Spec s;
+    s.other = ty;
+    if (gguf::block_size(ty) == 256) s.n_embd = 256, s.n_ff = 512, s.n_head = 4, s.n_head_kv = 2;
+    cases.push_back({gguf::type_name(ty), s});
+  }
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    const Tiny t = make_tiny(c.spec, 21);
+    const std::vector<float> q = path_logits(t, llama::LinearPath::quantized);
+    const std::vector<float> f = path_logits(t, llama::LinearPath::f32);
+    REQUIRE(q.size() == f.size());
+    double mean = 0, var = 0;
+    for (float v : f) mean += v;
+    mean /= double(f.size());
+    for (float v : f) var += (v - mean) * (v - mean);
+    const double sd = std::sqrt(var / double(f.size()));
+    double worst = 0;
+    int bad = 0;
+    for (size_t i = 0; i < f.size(); ++i) {
+      const double err = std::fabs(double(q[i]) - f[i]), lim = 0.08 * sd + 0.02 * std::fabs(f[i]);
+      worst = std::max(worst, err / sd);
+      bad += !(err <= lim);
+    }
+    INFO("logits' sd " << sd << ", worst |quantized - f32| / sd = " << worst);
+    CHECK(bad == 0);
+    CHECK(sd > 0.1);  // logits that say something
   }
 }
 

@@ -31,6 +31,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -44,6 +45,7 @@
 #include "model/chat.hpp"
 #include "model/generate.hpp"
 #include "model/gguf.hpp"
+#include "model/linear.hpp"
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
 #include "model/utf8.hpp"
@@ -281,17 +283,33 @@ std::string gib(double bytes) {
   return buf;
 }
 
+// A byte count from /proc/self/status ("VmRSS:" now, "VmHWM:" the peak), or 0 when the system doesn't say.
+uint64_t resident_bytes(const std::string& field) {
+  std::ifstream f("/proc/self/status");
+  std::string key;
+  while (f >> key) {
+    if (key == field) {
+      uint64_t kib = 0;
+      f >> kib;
+      return kib * 1024;
+    }
+    f.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return 0;
+}
+
 // Refuses a model whose weights would not fit in the memory the system can still give.
 void check_weights_fit(const cascade::gguf::File& file, uint64_t avail) {
-  // What the weights take once loaded: Q8_0/Q4_1 matrices stay in their blocks, the rest becomes f32.
-  double need = 0;
-  for (const auto& t : file.tensors()) {
-    const bool kept = t.type == cascade::gguf::TensorType::Q8_0 || t.type == cascade::gguf::TensorType::Q4_1;
-    need += kept ? double(t.n_bytes) : 4.0 * double(t.n_elements);
-  }
+  const double need = double(cascade::llama::Model::bytes_needed(file));
   CASCADE_CHECK(avail == 0 || need <= double(avail), "loading the model's weights would need ", gib(need),
                 ", but only ", gib(double(avail)), " of memory is available");
 }
+
+// What the loaded model takes and which instructions its linear layers run on (--json, startup line).
+struct ModelFacts {
+  const char* linear_path;
+  uint64_t model_bytes, gguf_bytes, rss_after_load;
+};
 
 // The prompts' token ids (through the chat template with --chat), each leaving room in the context.
 std::vector<std::vector<int32_t>> tokenize_prompts(const Options& o, const cascade::Tokenizer& tok,
@@ -469,7 +487,7 @@ void json_array(std::ostringstream& js, const char* key, const std::vector<casca
 
 // --json: one object with the run's settings, timings, tree, per-step times and every sequence.
 void print_json(const Options& o, const cascade::GenerateResult& r, const std::vector<std::string>& texts,
-                int n_threads, size_t n_prompts, const Profile& profile) {
+                int n_threads, size_t n_prompts, const Profile& profile, const ModelFacts& m) {
   const DecodeTotals d(r);
   std::ostringstream js;
   js << "{\"model\":" << json_string(o.model) << ",\"attn\":\"" << cascade::attn_method_name(o.gen.attn)
@@ -486,7 +504,9 @@ void print_json(const Options& o, const cascade::GenerateResult& r, const std::v
      << ",\"decode_tokens_per_s\":" << json_number(d.tokens_per_s) << ",\"attn_ms\":" << json_number(d.attn_ms)
      << ",\"attn_share\":" << json_number(d.attn_share) << ",\"plan_ms\":" << json_number(d.plan_ms)
      << ",\"plan_share\":" << json_number(d.plan_share) << ",\"kv_tokens\":" << r.kv_tokens
-     << ",\"kv_bytes\":" << r.kv_bytes << ",\"tree\":[";
+     << ",\"kv_bytes\":" << r.kv_bytes << ",\"linear_path\":\"" << m.linear_path << "\",\"model_bytes\":"
+     << m.model_bytes << ",\"gguf_bytes\":" << m.gguf_bytes << ",\"rss_after_load_bytes\":" << m.rss_after_load
+     << ",\"rss_peak_bytes\":" << resident_bytes("VmHWM:") << ",\"tree\":[";
   for (size_t i = 0; i < r.tree.nodes.size(); ++i)
     js << (i ? "," : "") << "{\"parent\":" << r.tree.nodes[i].parent << ",\"start\":" << r.tree.nodes[i].start
        << ",\"n_tokens\":" << r.tree.nodes[i].tokens.size() << "}";
@@ -505,12 +525,15 @@ void print_json(const Options& o, const cascade::GenerateResult& r, const std::v
   std::fputs(js.str().c_str(), stdout);
 }
 
-// The line that opens the run on stderr: what runs, with how many threads, and auto's profile.
-std::string startup_line(const Options& o, size_t n_prompts, int n_threads, const Profile& profile) {
-  char head[256];
-  std::snprintf(head, sizeof head, "cascade-generate: %zu prompt(s), %d sequence(s) each, -n %d, --attn %s, K/V %s, %d threads",
+// The line that opens the run on stderr: what runs, with how many threads, on which linear path, and auto's profile.
+std::string startup_line(const Options& o, size_t n_prompts, int n_threads, const ModelFacts& m,
+                         const Profile& profile) {
+  char head[320];
+  std::snprintf(head, sizeof head,
+                "cascade-generate: %zu prompt(s), %d sequence(s) each, -n %d, --attn %s, K/V %s, %d threads, "
+                "linear layers %s, weights %.1f MiB",
                 n_prompts, o.gen.n_parallel, o.gen.n_predict, cascade::attn_method_name(o.gen.attn),
-                cascade::dtype_name(o.gen.kv_dtype), n_threads);
+                cascade::dtype_name(o.gen.kv_dtype), n_threads, m.linear_path, double(m.model_bytes) / (1 << 20));
   return std::string(head) + profile.describe() + "\n";
 }
 
@@ -560,11 +583,13 @@ int run(int argc, char** argv) {
   }
   const Options& o = *opt;
   const std::vector<std::string> texts = read_prompts(o);
-  const cascade::gguf::File file = cascade::gguf::File::open(o.model);
-  const cascade::Tokenizer tok(cascade::load_vocab(file));
+  const auto file = std::make_shared<const cascade::gguf::File>(cascade::gguf::File::open(o.model));
+  const cascade::Tokenizer tok(cascade::load_vocab(*file));
   const uint64_t avail = available_memory();
-  check_weights_fit(file, avail);
+  check_weights_fit(*file, avail);
   const cascade::llama::Model model = cascade::llama::Model::load(file);
+  const ModelFacts facts{cascade::linear::path_name(cascade::linear::active_path()), model.weight_bytes(),
+                         file->size(), resident_bytes("VmRSS:")};
   const int64_t n_ctx = o.gen.n_ctx > 0 ? o.gen.n_ctx : model.hparams().n_ctx_train;
   const std::vector<std::vector<int32_t>> prompts = tokenize_prompts(o, tok, texts, n_ctx);
   check_cache_fits(o, model.hparams(), prompts, n_ctx, avail);
@@ -580,7 +605,7 @@ int run(int argc, char** argv) {
   const bool needs_profile = o.gen.attn == cascade::AttnMethod::auto_ && prompts.size() * size_t(o.gen.n_parallel) >= 2;
   const Profile profile =
       get_profile(o, gen, model.hparams().head_shape(), std::move(profile_file), needs_profile, progress);
-  progress.print(startup_line(o, prompts.size(), gen.n_threads, profile));
+  progress.print(startup_line(o, prompts.size(), gen.n_threads, facts, profile));
 
   progress.status("prefill: " + std::to_string(cascade::make_prompt_tree(prompts).n_tokens()) + " prompt tokens...");
   term::TextStream text0(tok, stdout);
@@ -607,7 +632,7 @@ int run(int argc, char** argv) {
   std::vector<std::string> out_texts;
   for (const cascade::SequenceResult& sq : r.sequences) out_texts.push_back(tok.decode(sq.tokens, false));
   if (o.json) {
-    print_json(o, r, out_texts, gen.n_threads, prompts.size(), profile);
+    print_json(o, r, out_texts, gen.n_threads, prompts.size(), profile, facts);
   } else {
     if (stream) text0.finish();
     print_texts(r, out_texts, stream ? 1 : 0);

@@ -1,0 +1,314 @@
+#include "model/linear.hpp"
+
+#include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
+
+#include <tbb/parallel_for.h>
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "cascade/error.hpp"
+#include "model/linear_kernels.hpp"
+#include "model/quant.hpp"
+
+namespace cascade::linear {
+
+using gguf::TensorType;
+
+namespace {
+
+bool is_float_type(TensorType t) { return t == TensorType::F32 || t == TensorType::F16 || t == TensorType::BF16; }
+
+const detail::Kernels& kernels_for(Path p) {
+  const detail::Kernels* k = nullptr;
+  switch (p) {
+    case Path::portable: return detail::portable_kernels();
+    case Path::avx2: k = detail::avx2_kernels(); break;
+    case Path::avx_vnni: k = detail::avx_vnni_kernels(); break;
+    case Path::avx512_vnni: k = detail::avx512_vnni_kernels(); break;
+  }
+  CASCADE_CHECK(k != nullptr, "linear: the ", path_name(p), " kernels are not part of this build");
+  return *k;
+}
+
+}  // namespace
+
+// --- Matrix --------------------------------------------------------------------------------------------
+
+Matrix Matrix::view(TensorType type, const void* data, int64_t n_in, int64_t n_out) {
+  CASCADE_CHECK(gguf::can_dequantize(type), "linear: tensor type ", gguf::type_name(type), " (",
+                static_cast<uint32_t>(type), ") is not supported");
+  CASCADE_CHECK(n_in > 0 && n_out > 0, "linear: a matrix of ", n_out, " x ", n_in, " values");
+  CASCADE_CHECK(n_in % gguf::block_size(type) == 0, "linear: rows of ", n_in, " values of type ",
+                gguf::type_name(type), " are not a whole number of blocks of ", gguf::block_size(type));
+  CASCADE_CHECK(data != nullptr, "linear: null weights");
+  Matrix m;
+  m.type = type;
+  m.n_in = n_in;
+  m.n_out = n_out;
+  m.row_bytes = gguf::row_bytes(type, n_in);
+  m.data = static_cast<const uint8_t*>(data);
+  return m;
+}
+
+void Matrix::row(int64_t i, float* out) const {
+  CASCADE_CHECK(i >= 0 && i < n_out, "linear: row ", i, " of a matrix of ", n_out, " rows");
+  gguf::dequantize_row(type, data + uint64_t(i) * row_bytes, out, n_in);
+}
+
+// --- paths ---------------------------------------------------------------------------------------------
+
+const char* path_name(Path p) {
+  switch (p) {
+    case Path::portable: return "portable";
+    case Path::avx2: return "avx2";
+    case Path::avx_vnni: return "avx-vnni";
+    case Path::avx512_vnni: return "avx512-vnni";
+  }
+  return "?";
+}
+
+bool can_run(Path p) {
+  const CpuFeatures& f = cpu_features();
+  const Isa isa = active_isa();
+  switch (p) {
+    case Path::portable: return true;
+    case Path::avx2: return isa >= Isa::avx2 && detail::avx2_kernels() != nullptr;
+    case Path::avx_vnni: return isa >= Isa::avx2 && f.avx_vnni && detail::avx_vnni_kernels() != nullptr;
+    case Path::avx512_vnni: return isa >= Isa::avx512 && f.avx512_vnni && detail::avx512_vnni_kernels() != nullptr;
+  }
+  return false;
+}
+
+Path active_path() {
+  for (Path p : {Path::avx512_vnni, Path::avx_vnni, Path::avx2})
+    if (can_run(p)) return p;
+  return Path::portable;
+}
+
+// --- activations ---------------------------------------------------------------------------------------
+
+namespace detail {
+
+// d = amax / 127 and q = round-to-nearest-even(x * (127 / amax)): two correctly rounded f32 operations, so
+// every path that follows them gets the same codes. |x * (127 / amax)| <= 127 (1 + 2^-23) rounds to at most 127.
+// Non-finite inputs give unspecified (but in-range) codes.
+void quantize_row(const float* x, int64_t n_in, int8_t* q, float* d, float* s16, float* s32) {
+  for (int64_t b = 0; b < n_in / 32; ++b) {
+    const float* xb = x + 32 * b;
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float db = amax / 127.0f;
+    const float id = amax > 0 ? 127.0f / amax : 0.0f;
+    int sum[2] = {0, 0};
+    for (int j = 0; j < 32; ++j) {
+      float v = xb[j] * id;
+      v = v >= 127.0f ? 127.0f : v <= -127.0f ? -127.0f : v;
+      if (!(v == v)) v = 0;  // NaN
+      const int c = static_cast<int>(std::nearbyint(v));
+      q[32 * b + j] = static_cast<int8_t>(c);
+      sum[j / 16] += c;
+    }
+    d[b] = db;
+    s16[2 * b] = db * static_cast<float>(sum[0]);
+    s16[2 * b + 1] = db * static_cast<float>(sum[1]);
+    s32[b] = db * static_cast<float>(sum[0] + sum[1]);
+  }
+}
+
+}  // namespace detail
+
+Input::Input(const float* x, int64_t n, int64_t n_in) : x_(x), n_(n), n_in_(n_in) {
+  CASCADE_CHECK(n >= 0 && n_in > 0, "linear: input of ", n, " x ", n_in, " values");
+  CASCADE_CHECK(x != nullptr || n == 0, "linear: null input");
+}
+
+Input::~Input() = default;
+
+detail::Forms& Input::forms() const {
+  if (!forms_) forms_ = std::make_unique<detail::Forms>();
+  return *forms_;
+}
+
+Input::Int8 Input::int8_natural() const {
+  CASCADE_CHECK(n_in_ % 32 == 0, "linear: int8 activations need rows of a multiple of 32 values, not ", n_in_);
+  Int8 f;
+  f.q.resize(size_t(n_ * n_in_));
+  f.d.resize(size_t(n_ * n_in_ / 32));
+  f.s16.resize(size_t(n_ * n_in_ / 16));
+  f.s32.resize(size_t(n_ * n_in_ / 32));
+  for (int64_t r = 0; r < n_; ++r)
+    detail::quantize_row(x_ + r * n_in_, n_in_, f.q.data() + r * n_in_, f.d.data() + r * n_in_ / 32,
+                         f.s16.data() + r * n_in_ / 16, f.s32.data() + r * n_in_ / 32);
+  return f;
+}
+
+std::vector<uint16_t> Input::bf16() const {
+  std::vector<uint16_t> v(size_t(n_ * n_in_));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = gguf::fp32_to_bf16(x_[i]);
+  return v;
+}
+
+// --- products ------------------------------------------------------------------------------------------
+
+namespace {
+
+// Splits the output rows into panels of the path's size across the threads.
+template <class F>
+void over_rows(const detail::Kernels& k, int64_t n_out, F&& rows) {
+  const int64_t pr = k.panel_rows, n_panels = (n_out + pr - 1) / pr;
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_panels), [&](const tbb::blocked_range<int64_t>& r) {
+    rows(r.begin() * pr, std::min(n_out, r.end() * pr));
+  });
+}
+
+const detail::Int8Form& int8_form(const detail::Kernels& k, const Input& x) {
+  detail::Int8Form& f = x.forms().int8;
+  const int lanes = k.int8_lanes(x.n());
+  if (f.lanes != lanes) {
+    f.lanes = lanes;
+    k.quantize(x.data(), x.n(), x.n_in(), f);
+  }
+  return f;
+}
+
+const uint16_t* bf16_form(const Input& x) {
+  detail::Forms& f = x.forms();
+  if (!f.has_bf16) {
+    f.bf16.resize(size_t(x.n() * x.n_in()));
+    for (size_t i = 0; i < f.bf16.size(); ++i) f.bf16[i] = gguf::fp32_to_bf16(x.data()[i]);
+    f.has_bf16 = true;
+  }
+  return f.bf16.data();
+}
+
+}  // namespace
+
+void matmul(const Matrix& w, const Input& x, float* y, Path path) {
+  CASCADE_CHECK(x.n_in() == w.n_in, "linear: input rows of ", x.n_in(), " values for a matrix of ", w.n_in,
+                " columns");
+  CASCADE_CHECK(can_run(path), "linear: this CPU cannot run the ", path_name(path), " path");
+  if (x.n() == 0) return;
+  const detail::Kernels& k = kernels_for(path);
+  // Rows of X in blocks whose codes (or values) stay in the cache while every panel of W passes over them.
+  const int64_t n = x.n(), block = std::max<int64_t>(16, (int64_t(256) << 10) / x.n_in() / 16 * 16);
+  if (is_float_type(w.type)) {
+    const uint16_t* xb = w.type == TensorType::BF16 && k.bf16_dot ? bf16_form(x) : nullptr;
+    for (int64_t t0 = 0; t0 < n; t0 += block)
+      over_rows(k, w.n_out, [&](int64_t i0, int64_t i1) {
+        k.rows_float(w, x.data(), xb, i0, i1, t0, std::min(n, t0 + block), y);
+      });
+    return;
+  }
+  const detail::Int8Form& f = int8_form(k, x);
+  for (int64_t t0 = 0; t0 < n; t0 += block)
+    over_rows(k, w.n_out, [&](int64_t i0, int64_t i1) { k.rows_int8(w, f, i0, i1, t0, std::min(n, t0 + block), y); });
+}
+
+void matmul(const Matrix& w, const Input& x, float* y) { matmul(w, x, y, active_path()); }
+
+void matmul(const Matrix& w, const float* x, int64_t n, float* y) {
+  const Input in(x, n, w.n_in);
+  matmul(w, in, y);
+}
+
+void matmul_f32(const Matrix& w, const float* x, int64_t n, float* y) {
+  if (n == 0) return;
+  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using Map = Eigen::Map<const RowMat>;
+  using OutMap = Eigen::Map<RowMat, 0, Eigen::OuterStride<>>;
+  const Map xm(x, n, w.n_in);
+  // Tiles of 64 rows of W (at most 64 x n_in floats, L2-sized), dequantized and multiplied with Eigen.
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, w.n_out, 64), [&](const tbb::blocked_range<int64_t>& r) {
+    thread_local std::vector<float> tile;
+    const int64_t m = r.end() - r.begin();
+    tile.resize(size_t(m * w.n_in));
+    for (int64_t i = 0; i < m; ++i)
+      gguf::dequantize_row(w.type, w.data + uint64_t(r.begin() + i) * w.row_bytes, tile.data() + i * w.n_in, w.n_in);
+    const Map wm(tile.data(), m, w.n_in);
+    OutMap ym(y + r.begin(), n, m, Eigen::OuterStride<>(w.n_out));
+    ym.noalias() = xm * wm.transpose();
+  });
+}
+
+// --- the reference and its bound ----------------------------------------------------------------------
+//
+// Let u = 2^-24 (f32 rounding) and gamma(m) = m u / (1 - m u). Every path computes each output as a sum of terms,
+// each term a product of exact values rounded at most twice before it is added:
+//   int8:  scale[g] d[b] I   (I an int32 partial sum of code * q, exact in f32 since |I| < 32 * 255 * 127 < 2^24;
+//                             scale[g] d[b] rounded once, the product once, then added by an FMA)
+//          offset[g] s[g]    (s[g] = d[b] * sum q rounded once, the product once inside the FMA)
+//   float: w[k] x[k]         (exact inputs; the product rounded at most once inside the FMA)
+// and the terms are added in some order (lanes, then the lanes together) with at most m additions on any path
+// from a term to the result. The classic bound for such a sum of perturbed terms t_j (Higham, Accuracy and
+// Stability of Numerical Algorithms, 3.1 and 4.2) is
+//   |fast - exact| <= gamma(m + 2) * sum |t_j|,
+// with m <= 2 * (n_in / 16) + 16 for the int8 paths (at most two terms per group of 16, lanes reduced in <= 16
+// steps) and m <= n_in + 16 for the float paths. Where partial integer sums are split across lanes, |t_j| is
+// bounded by scale d sum |code * q| over the group. vdpbf16ps also flushes subnormal inputs and results to zero:
+// at most (n_in + 16) (1 + max |w|) 2^-126 more, added to the bound.
+void reference(const Matrix& w, const Input& x, Path path, std::vector<double>& y, std::vector<double>& bound) {
+  CASCADE_CHECK(x.n_in() == w.n_in, "linear reference: input rows of ", x.n_in(), " values for ", w.n_in,
+                " columns");
+  const int64_t n = x.n(), K = w.n_in;
+  y.assign(size_t(n * w.n_out), 0.0);
+  bound.assign(y.size(), 0.0);
+  const double u = std::ldexp(1.0, -24);
+  const auto gamma = [&](double m) { return m * u / (1 - m * u); };
+  std::vector<float> wr(static_cast<size_t>(K));
+  if (is_float_type(w.type)) {
+    const bool bf16 = w.type == TensorType::BF16 && kernels_for(path).bf16_dot;
+    std::vector<double> xq(size_t(n * K));
+    for (size_t i = 0; i < xq.size(); ++i)
+      xq[i] = bf16 ? double(gguf::bf16_to_fp32(gguf::fp32_to_bf16(x.data()[i]))) : double(x.data()[i]);
+    const double g = gamma(double(K + 16) + 2);
+    for (int64_t i = 0; i < w.n_out; ++i) {
+      w.row(i, wr.data());
+      double wmax = 0;
+      for (float v : wr) wmax = std::max(wmax, std::fabs(double(v)));
+      for (int64_t r = 0; r < n; ++r) {
+        double s = 0, a = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double t = double(wr[k]) * xq[r * K + k];
+          s += t;
+          a += std::fabs(t);
+        }
+        y[r * w.n_out + i] = s;
+        bound[r * w.n_out + i] = g * a + (bf16 ? double(K + 16) * (1 + wmax) * std::ldexp(1.0, -126) : 0.0);
+      }
+    }
+    return;
+  }
+  const Input::Int8 f = x.int8_natural();
+  const int64_t G = gguf::code_group_size(w.type), n_groups = K / G;
+  std::vector<uint8_t> code(static_cast<size_t>(K));
+  std::vector<float> sc(static_cast<size_t>(n_groups)), off(static_cast<size_t>(n_groups));
+  const double g = gamma(double(2 * (K / 16) + 16) + 2);
+  for (int64_t i = 0; i < w.n_out; ++i) {
+    const uint8_t* row = w.data + uint64_t(i) * w.row_bytes;
+    w.row(i, wr.data());
+    gguf::decode_codes(w.type, row, K, code.data(), sc.data(), off.data());
+    for (int64_t r = 0; r < n; ++r) {
+      const int8_t* q = f.q.data() + r * K;
+      const float* d = f.d.data() + r * K / 32;
+      const float* s = (G == 16 ? f.s16.data() + r * K / 16 : f.s32.data() + r * K / 32);
+      double sum = 0, mag = 0;
+      for (int64_t k = 0; k < K; ++k) sum += double(wr[k]) * double(d[k / 32]) * double(q[k]);
+      for (int64_t gi = 0; gi < n_groups; ++gi) {
+        double cq = 0;
+        for (int64_t k = gi * G; k < (gi + 1) * G; ++k) cq += std::fabs(double(code[k]) * double(q[k]));
+        mag += std::fabs(double(sc[gi]) * double(d[gi * G / 32])) * cq + std::fabs(double(off[gi]) * double(s[gi]));
+      }
+      y[r * w.n_out + i] = sum;
+      // The dequantized weights wr are f32 roundings of scale * code + offset (quant.hpp): within u |w| of it.
+      double wx = 0;
+      for (int64_t k = 0; k < K; ++k) wx += std::fabs(double(wr[k]) * double(d[k / 32]) * double(q[k]));
+      bound[r * w.n_out + i] = g * mag + u * wx;
+    }
+  }
+}
+
+}  // namespace cascade::linear

@@ -1,0 +1,88 @@
+// The portable path: plain C++ on any CPU. Weights are decoded row by row with quant.hpp's own decoders, then
+// multiplied group by group in int32 (quantized types) or f32 (F32, F16, BF16).
+#include <algorithm>
+#include <vector>
+
+#include "model/linear_kernels.hpp"
+#include "model/quant.hpp"
+
+namespace cascade::linear::detail {
+
+namespace {
+
+int natural_lanes(int64_t) { return 0; }
+
+void quantize_natural(const float* x, int64_t n, int64_t n_in, Int8Form& f) {
+  f.n = n;
+  f.n_in = n_in;
+  f.n_pad = n;
+  f.q.resize(size_t(n * n_in));
+  f.d.resize(size_t(n * n_in / 32));
+  f.s16.resize(size_t(n * n_in / 16));
+  f.s32.resize(size_t(n * n_in / 32));
+  for (int64_t r = 0; r < n; ++r)
+    quantize_row(x + r * n_in, n_in, f.q.data() + r * n_in, f.d.data() + r * n_in / 32, f.s16.data() + r * n_in / 16,
+                 f.s32.data() + r * n_in / 32);
+}
+
+// sum over k < n of code[k] * q[k], in 4 int32 lanes the compiler can vectorize.
+int32_t dot_codes(const uint8_t* code, const int8_t* q, int64_t n) {
+  int32_t acc[4] = {0, 0, 0, 0};
+  for (int64_t k = 0; k < n; k += 4)
+    for (int j = 0; j < 4; ++j) acc[j] += int32_t(code[k + j]) * int32_t(q[k + j]);
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+void rows_int8(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, int64_t t0, int64_t t1, float* y) {
+  const int64_t K = w.n_in, G = gguf::code_group_size(w.type), n_groups = K / G;
+  thread_local std::vector<uint8_t> code;
+  thread_local std::vector<float> sc, off;
+  code.resize(size_t(K));
+  sc.resize(size_t(n_groups));
+  off.resize(size_t(n_groups));
+  for (int64_t i = i0; i < i1; ++i) {
+    gguf::decode_codes(w.type, w.data + uint64_t(i) * w.row_bytes, K, code.data(), sc.data(), off.data());
+    for (int64_t t = t0; t < t1; ++t) {
+      const int8_t* q = x.q.data() + t * K;
+      const float* d = x.d.data() + t * K / 32;
+      const float* s = G == 16 ? x.s16.data() + t * K / 16 : x.s32.data() + t * K / 32;
+      float acc = 0;
+      for (int64_t g = 0; g < n_groups; ++g) {
+        const int32_t I = dot_codes(code.data() + g * G, q + g * G, G);
+        acc += static_cast<float>(I) * (sc[g] * d[g * G / 32]);
+        acc += off[g] * s[g];
+      }
+      y[t * w.n_out + i] = acc;
+    }
+  }
+}
+
+// sum over k < n of a[k] * b[k], in 8 f32 lanes.
+float dot_f32(const float* a, const float* b, int64_t n) {
+  float acc[8] = {};
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[k + j] * b[k + j];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; k < n; ++k) s += a[k] * b[k];
+  return s;
+}
+
+void rows_float(const Matrix& w, const float* x, const uint16_t*, int64_t i0, int64_t i1, int64_t t0, int64_t t1,
+                float* y) {
+  thread_local std::vector<float> row;
+  row.resize(size_t(w.n_in));
+  for (int64_t i = i0; i < i1; ++i) {
+    gguf::dequantize_row(w.type, w.data + uint64_t(i) * w.row_bytes, row.data(), w.n_in);
+    for (int64_t t = t0; t < t1; ++t) y[t * w.n_out + i] = dot_f32(row.data(), x + t * w.n_in, w.n_in);
+  }
+}
+
+}  // namespace
+
+const Kernels& portable_kernels() {
+  static const Kernels k{Path::portable, 8, natural_lanes, quantize_natural, rows_int8, rows_float, false};
+  return k;
+}
+
+}  // namespace cascade::linear::detail

@@ -1,0 +1,566 @@
+// The x86 kernels of linear.hpp, written once as templates over a vector width and an integer dot product, and
+// compiled by each path's file (linear_avx2.cpp, linear_avx_vnni.cpp, linear_avx512.cpp) for its instruction set.
+//
+// The including file defines, before including this header:
+//   CASCADE_LINEAR_TARGET  the function attribute of its instruction set, e.g. __attribute__((target("avx2,fma")))
+//   CASCADE_LINEAR_512     1 to compile the 512-bit traits (the file's target has AVX-512F/BW/DQ/VL)
+// and its integer dot products: structs with `static I dot(I acc, I u8, I s8)` adding, in each 32-bit lane, the
+// four products of unsigned bytes u8 and signed bytes s8 to acc. vpmaddubsw's pairs of products saturate at 16
+// bits, so the avx2 path asks for q8_0 (codes up to 255) as signed codes multiplied with the sign trick (kSigned
+// below: |w| times x with w's sign), every other type's codes staying at most 63.
+//
+// Everything here has internal linkage: each file gets its own copy, compiled for its own target.
+//
+// The two shapes of an int8 product (linear.hpp):
+//   by lanes of K (few rows of X: 1-3)  a vector holds 32 or 64 consecutive codes of one weight row and the
+//       same columns of one row of X; R weight rows x T rows of X accumulate in registers, f32 per lane, and the
+//       group scales are spread over the lanes they cover.
+//   by lanes of X (more rows)  a vector holds 4 consecutive activations of 8 or 16 rows of X (Int8Form's lane
+//       layout); a weight's 4 codes are broadcast to all lanes; R weight rows x TV vectors of X rows accumulate
+//       one group in int32, then scale it into f32.
+// Weights are first decoded, R rows at a time, into a panel of codes, scales and offsets (a few KiB, in L1),
+// by SIMD decoders that produce exactly what gguf::decode_codes produces (tested).
+#pragma once
+
+#include "cascade/simd.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "model/linear_kernels.hpp"
+#include "model/quant.hpp"
+
+#ifndef CASCADE_LINEAR_TARGET
+#error "define CASCADE_LINEAR_TARGET before including linear_simd.hpp"
+#endif
+#define LT CASCADE_LINEAR_TARGET
+
+namespace cascade::linear::detail {
+namespace {
+
+using gguf::TensorType;
+
+inline int32_t load_i32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// --- vector traits -------------------------------------------------------------------------------------
+
+struct V256 {
+  using I = __m256i;
+  using F = __m256;
+  static constexpr int L = 8;  // 32-bit lanes
+  LT static I izero() { return _mm256_setzero_si256(); }
+  LT static I load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+  LT static I bcast32(const void* p) { return _mm256_set1_epi32(load_i32(p)); }
+  LT static I abs8(I v) { return _mm256_abs_epi8(v); }
+  LT static I sign8(I x, I w) { return _mm256_sign_epi8(x, w); }
+  LT static F fzero() { return _mm256_setzero_ps(); }
+  LT static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
+  LT static F loadf(const float* p) { return _mm256_loadu_ps(p); }
+  LT static F bcastf(const float* p) { return _mm256_broadcast_ss(p); }
+  LT static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  LT static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  LT static void storef(float* p, F v) { _mm256_storeu_ps(p, v); }
+  LT static float hsum(F v) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+  }
+  // A chunk of L * 4 values whose groups are G long: lane j gets p[4 j / G].
+  template <int G>
+  LT static F expand(const float* p) {
+    if constexpr (G >= 32) {
+      return _mm256_broadcast_ss(p);
+    } else {
+      static_assert(G == 16);
+      return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(p)), _mm_broadcast_ss(p + 1), 1);
+    }
+  }
+};
+
+#if CASCADE_LINEAR_512
+struct V512 {
+  using I = __m512i;
+  using F = __m512;
+  static constexpr int L = 16;
+  LT static I izero() { return _mm512_setzero_si512(); }
+  LT static I load(const void* p) { return _mm512_loadu_si512(p); }
+  LT static I bcast32(const void* p) { return _mm512_set1_epi32(load_i32(p)); }
+  LT static F fzero() { return _mm512_setzero_ps(); }
+  LT static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
+  LT static F loadf(const float* p) { return _mm512_loadu_ps(p); }
+  LT static F bcastf(const float* p) { return _mm512_set1_ps(*p); }
+  LT static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  LT static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  LT static void storef(float* p, F v) { _mm512_storeu_ps(p, v); }
+  LT static float hsum(F v) { return _mm512_reduce_add_ps(v); }
+  template <int G>
+  LT static F expand(const float* p) {
+    if constexpr (G >= 32) {
+      return _mm512_insertf32x8(_mm512_set1_ps(p[0]), _mm256_set1_ps(p[1]), 1);
+    } else {
+      static_assert(G == 16);
+      const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+      return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(p)));
+    }
+  }
+};
+#endif
+
+// --- decoders: rows of W into a panel of codes, scales and offsets ------------------------------------------
+
+// Eight f16 values at p, p + stride, ... as f32.
+LT inline __m256 halves8(const uint8_t* p, size_t stride) {
+  alignas(16) uint16_t h[8];
+  for (int j = 0; j < 8; ++j) std::memcpy(&h[j], p + j * stride, 2);
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+}
+
+LT inline float half1(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// The f16 scale (at byte 0 of each block) and, for q4_1, the f16 min (at byte 2) of nb blocks of bb bytes:
+// scale = d, offset = off_mul * d (q4_0: -8, q8_0: -128, or 0 for signed q8_0 codes), or the min (q4_1).
+template <bool kMin>
+LT void block32_scales(const uint8_t* row, int64_t nb, size_t bb, float off_mul, float* sc, float* off) {
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    const __m256 d = halves8(row + b * bb, bb);
+    _mm256_storeu_ps(sc + b, d);
+    if constexpr (kMin) _mm256_storeu_ps(off + b, halves8(row + b * bb + 2, bb));
+    else _mm256_storeu_ps(off + b, _mm256_mul_ps(d, _mm256_set1_ps(off_mul)));
+  }
+  for (; b < nb; ++b) {
+    sc[b] = half1(row + b * bb);
+    off[b] = kMin ? half1(row + b * bb + 2) : off_mul * sc[b];
+  }
+}
+
+// One row of K values of type T: code[0..K), sc and off[0..K / G). kSigned (q8_0 only): code holds the stored
+// signed bytes themselves and off is 0 (for vpmaddubsw, whose saturation codes up to 255 would break).
+template <TensorType T, bool kSigned>
+LT void decode_row(const uint8_t* row, int64_t K, uint8_t* code, float* sc, float* off) {
+  const __m128i m4 = _mm_set1_epi8(15);
+  const __m256i m4y = _mm256_set1_epi8(15);
+  if constexpr (T == TensorType::Q4_0 || T == TensorType::Q4_1) {
+    constexpr size_t bb = T == TensorType::Q4_0 ? 18 : 20, qs = T == TensorType::Q4_0 ? 2 : 4;
+    const int64_t nb = K / 32;
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * bb + qs));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(code + 32 * b), _mm_and_si128(v, m4));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(code + 32 * b + 16), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+    }
+    block32_scales<T == TensorType::Q4_1>(row, nb, bb, -8.0f, sc, off);
+  } else if constexpr (T == TensorType::Q8_0) {
+    const int64_t nb = K / 32;
+    const __m256i flip = _mm256_set1_epi8(char(0x80));
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 34 + 2));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(code + 32 * b), kSigned ? v : _mm256_xor_si256(v, flip));
+    }
+    block32_scales<false>(row, nb, 34, kSigned ? 0.0f : -128.0f, sc, off);
+  } else if constexpr (T == TensorType::Q4_K || T == TensorType::Q5_K) {
+    constexpr bool five = T == TensorType::Q5_K;
+    constexpr size_t bb = five ? 176 : 144, qs = five ? 48 : 16;
+    const __m256i one = _mm256_set1_epi8(1);
+    for (int64_t b = 0; b < K / 256; ++b) {
+      const uint8_t* blk = row + b * bb;
+      gguf::block_scales(T, blk, sc + 8 * b, off + 8 * b);
+      const __m256i qh = five ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)) : _mm256_setzero_si256();
+      uint8_t* out = code + 256 * b;
+      for (int g = 0; g < 4; ++g) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + qs + 32 * g));
+        __m256i lo = _mm256_and_si256(v, m4y), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4y);
+        if constexpr (five) {
+          // bit 2g (2g + 1) of qh[l] is the fifth bit of value 64g + l (64g + 32 + l): to bit 4 of the byte
+          const __m128i s_lo = _mm_cvtsi32_si128(2 * g), s_hi = _mm_cvtsi32_si128(2 * g + 1);
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, s_lo), one), 4));
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, s_hi), one), 4));
+        }
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64 * g), lo);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64 * g + 32), hi);
+      }
+    }
+  } else if constexpr (T == TensorType::Q6_K) {
+    const __m256i m2 = _mm256_set1_epi8(0x30);
+    for (int64_t b = 0; b < K / 256; ++b) {
+      const uint8_t* blk = row + b * 210;
+      gguf::block_scales(T, blk, sc + 16 * b, off + 16 * b);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h));
+        const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+        uint8_t* out = code + 256 * b + 128 * h;
+        // high bits 2j, 2j + 1 of qh[l] become bits 4-5 of value 32j + l
+        const __m256i c0 = _mm256_or_si256(_mm256_and_si256(l0, m4y), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
+        const __m256i c1 = _mm256_or_si256(_mm256_and_si256(l1, m4y), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
+        const __m256i c2 =
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4y), _mm256_and_si256(qh, m2));
+        const __m256i c3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4y),
+                                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), c0);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32), c1);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64), c2);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 96), c3);
+      }
+    }
+  }
+}
+
+// A panel: R weight rows decoded, row r's codes at code + r * k_pad (zero past K), its scales and offsets at
+// sc / off + r * g_pad (zero past K / G). Rows past the matrix's end are all zero.
+struct Panel {
+  std::vector<uint8_t, std::allocator<uint8_t>> code_store;
+  std::vector<float> sc_store, off_store;
+  uint8_t* code = nullptr;
+  float *sc = nullptr, *off = nullptr;
+  int64_t k_pad = 0, g_pad = 0;
+
+  void reserve(int R, int64_t K, int64_t G) {
+    k_pad = (K + 63) / 64 * 64;
+    g_pad = k_pad / G;
+    code_store.resize(size_t(R * k_pad + 64));
+    sc_store.resize(size_t(R * g_pad + 16));
+    off_store.resize(size_t(R * g_pad + 16));
+    // 64-byte alignment for the code rows (k_pad is a multiple of 64)
+    const auto base = reinterpret_cast<uintptr_t>(code_store.data());
+    code = code_store.data() + ((64 - base % 64) % 64);
+    sc = sc_store.data();
+    off = off_store.data();
+  }
+};
+
+template <TensorType T, bool kSigned>
+LT void decode_panel(const Matrix& w, int64_t i, int R, int64_t G, Panel& p) {
+  const int64_t K = w.n_in;
+  for (int r = 0; r < R; ++r) {
+    uint8_t* code = p.code + r * p.k_pad;
+    float* sc = p.sc + r * p.g_pad;
+    float* off = p.off + r * p.g_pad;
+    if (i + r < w.n_out) {
+      decode_row<T, kSigned>(w.data + uint64_t(i + r) * w.row_bytes, K, code, sc, off);
+      std::memset(code + K, 0, size_t(p.k_pad - K));
+      std::fill(sc + K / G, sc + p.g_pad, 0.0f);
+      std::fill(off + K / G, off + p.g_pad, 0.0f);
+    } else {
+      std::memset(code, 0, size_t(p.k_pad));
+      std::fill(sc, sc + p.g_pad, 0.0f);
+      std::fill(off, off + p.g_pad, 0.0f);
+    }
+  }
+}
+
+// --- the int8 product, by lanes of K ---------------------------------------------------------------------
+
+// out[r * T + t] = row r of the panel . row t0 + t of X (natural layout), for R rows and T rows of X.
+template <class V, class D, int G, int R, int T, bool kSigned>
+LT void tile_k(const Panel& p, const Int8Form& x, int64_t t0, float* out) {
+  using I = typename V::I;
+  using F = typename V::F;
+  constexpr int C = 4 * V::L;  // codes per chunk
+  const int64_t K = x.n_in, n_chunks = p.k_pad / C;
+  F acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = V::fzero();
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    I wv[R];
+    F sv[R];
+    for (int r = 0; r < R; ++r) {
+      wv[r] = V::load(p.code + r * p.k_pad + c * C);
+      sv[r] = V::template expand<G>(p.sc + r * p.g_pad + c * C / G);
+    }
+    I wa[R];
+    if constexpr (kSigned)
+      for (int r = 0; r < R; ++r) wa[r] = V::abs8(wv[r]);
+    for (int t = 0; t < T; ++t) {
+      const I xv = V::load(x.q.data() + (t0 + t) * K + c * C);
+      const F dv = V::template expand<32>(x.d.data() + (t0 + t) * (K / 32) + c * C / 32);
+      for (int r = 0; r < R; ++r) {
+        I s;
+        if constexpr (kSigned) s = D::dot(V::izero(), wa[r], V::sign8(xv, wv[r]));
+        else s = D::dot(V::izero(), wv[r], xv);
+        acc[r][t] = V::fma(V::cvt(s), V::mul(sv[r], dv), acc[r][t]);
+      }
+    }
+  }
+  // offsets: sum over groups of off[g] * s[g]
+  const int64_t n_groups = K / G;
+  const float* s_base = G == 16 ? x.s16.data() : x.s32.data();
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) {
+      const float* s = s_base + (t0 + t) * n_groups;
+      const float* off = p.off + r * p.g_pad;
+      F o = V::fzero();
+      int64_t g = 0;
+      for (; g + V::L <= n_groups; g += V::L) o = V::fma(V::loadf(off + g), V::loadf(s + g), o);
+      float tail = 0;
+      for (; g < n_groups; ++g) tail += off[g] * s[g];
+      out[r * T + t] = V::hsum(acc[r][t]) + (V::hsum(o) + tail);
+    }
+}
+
+// --- the int8 product, by lanes of X -----------------------------------------------------------------------
+
+// out[r * TV * L + j] = row r of the panel . row t0 + j of X (lane layout), j < TV * L.
+template <class V, class D, int G, int R, int TV, bool kSigned>
+LT void tile_x(const Panel& p, const Int8Form& x, int64_t t0, float* out) {
+  using I = typename V::I;
+  using F = typename V::F;
+  constexpr int L = V::L;
+  const int64_t K = x.n_in, n_groups = K / G, n_pad = x.n_pad;
+  const float* s_base = G == 16 ? x.s16.data() : x.s32.data();
+  F acc[R][TV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < TV; ++v) acc[r][v] = V::fzero();
+  for (int64_t g = 0; g < n_groups; ++g) {
+    I ia[R][TV];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < TV; ++v) ia[r][v] = V::izero();
+    const int8_t* xg = x.q.data() + ((g * G / 4) * n_pad + t0) * 4;
+    for (int k4 = 0; k4 < G / 4; ++k4) {
+      I xv[TV];
+      for (int v = 0; v < TV; ++v) xv[v] = V::load(xg + (k4 * n_pad + v * L) * 4);
+      for (int r = 0; r < R; ++r) {
+        const I wb = V::bcast32(p.code + r * p.k_pad + g * G + 4 * k4);
+        if constexpr (kSigned) {
+          const I wa = V::abs8(wb);
+          for (int v = 0; v < TV; ++v) ia[r][v] = D::dot(ia[r][v], wa, V::sign8(xv[v], wb));
+        } else {
+          for (int v = 0; v < TV; ++v) ia[r][v] = D::dot(ia[r][v], wb, xv[v]);
+        }
+      }
+    }
+    const float* dg = x.d.data() + (g * G / 32) * n_pad + t0;
+    const float* sg = s_base + g * n_pad + t0;
+    for (int v = 0; v < TV; ++v) {
+      const F dv = V::loadf(dg + v * L), sv = V::loadf(sg + v * L);
+      for (int r = 0; r < R; ++r) {
+        acc[r][v] = V::fma(V::cvt(ia[r][v]), V::mul(V::bcastf(p.sc + r * p.g_pad + g), dv), acc[r][v]);
+        acc[r][v] = V::fma(V::bcastf(p.off + r * p.g_pad + g), sv, acc[r][v]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < TV; ++v) V::storef(out + r * TV * L + v * L, acc[r][v]);
+}
+
+// --- whole row ranges ------------------------------------------------------------------------------------
+
+// A shape a path runs: R rows by lanes of K with vector VK and dot DK (x.lanes == 0), or RX rows by lanes of X
+// with vector VX and dot DX (x.lanes == VX::L), at most TVX vectors of X rows at once.
+template <class VK, class DK, int RK, class VX, class DX, int RX, int TVX>
+struct Shape {
+  using KV = VK;
+  using KD = DK;
+  using XV = VX;
+  using XD = DX;
+  static constexpr int rk = RK, rx = RX, tvx = TVX;
+};
+
+template <class S, TensorType T, bool kSigned>
+LT void rows_typed(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, int64_t t0, int64_t t1, float* y) {
+  constexpr int G = T == TensorType::Q6_K ? 16 : 32;
+  constexpr int L = S::XV::L;
+  thread_local Panel p;
+  const bool by_x = x.lanes > 0;
+  const int R = by_x ? S::rx : S::rk;
+  p.reserve(R, w.n_in, G);
+  alignas(64) float out[std::max(S::rx * S::tvx * L, S::rk * 3)];
+  for (int64_t i = i0; i < i1; i += R) {
+    decode_panel<T, kSigned>(w, i, R, G, p);
+    const int n_rows = int(std::min<int64_t>(R, i1 - i));
+    if (!by_x) {
+      for (int64_t t = t0; t < t1;) {
+        const int nt = int(std::min<int64_t>(3, t1 - t));
+        switch (nt) {
+          case 3: tile_k<typename S::KV, typename S::KD, G, S::rk, 3, kSigned>(p, x, t, out); break;
+          case 2: tile_k<typename S::KV, typename S::KD, G, S::rk, 2, kSigned>(p, x, t, out); break;
+          default: tile_k<typename S::KV, typename S::KD, G, S::rk, 1, kSigned>(p, x, t, out); break;
+        }
+        for (int r = 0; r < n_rows; ++r)
+          for (int j = 0; j < nt; ++j) y[(t + j) * w.n_out + i + r] = out[r * nt + j];
+        t += nt;
+      }
+    } else {
+      // t0 is a multiple of L (linear.cpp splits rows of X in blocks of 16), so a vector never reads past n_pad
+      for (int64_t t = t0; t < t1;) {
+        const int tv = S::tvx > 1 && t1 - t > L ? 2 : 1;
+        if constexpr (S::tvx > 1) {
+          if (tv == 2) tile_x<typename S::XV, typename S::XD, G, S::rx, 2, kSigned>(p, x, t, out);
+          else tile_x<typename S::XV, typename S::XD, G, S::rx, 1, kSigned>(p, x, t, out);
+        } else {
+          tile_x<typename S::XV, typename S::XD, G, S::rx, 1, kSigned>(p, x, t, out);
+        }
+        const int nt = int(std::min<int64_t>(tv * L, t1 - t));
+        for (int r = 0; r < n_rows; ++r)
+          for (int j = 0; j < nt; ++j) y[(t + j) * w.n_out + i + r] = out[r * tv * L + j];
+        t += nt;
+      }
+    }
+  }
+}
+
+// --- quantizing X ----------------------------------------------------------------------------------------
+
+LT inline int hsum_epi32(__m256i s) {
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+  return _mm_cvtsi128_si32(t);
+}
+
+// One block of 32 values: codes into q32, and d, the sums of each half and of the whole (as quantize_row).
+LT inline void quantize_block(const float* x, int8_t* q32, float& d, float& s_lo, float& s_hi, float& s_all) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4], a = _mm256_setzero_ps();
+  for (int j = 0; j < 4; ++j) {
+    v[j] = _mm256_loadu_ps(x + 8 * j);
+    a = _mm256_max_ps(a, _mm256_andnot_ps(sign, v[j]));
+  }
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  const float amax = _mm_cvtss_f32(m);
+  d = amax / 127.0f;
+  const __m256 id = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+  const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  __m256i c[4];
+  for (int j = 0; j < 4; ++j) c[j] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v[j], id), lo), hi));
+  const int sum_lo = hsum_epi32(_mm256_add_epi32(c[0], c[1])), sum_hi = hsum_epi32(_mm256_add_epi32(c[2], c[3]));
+  s_lo = d * static_cast<float>(sum_lo);
+  s_hi = d * static_cast<float>(sum_hi);
+  s_all = d * static_cast<float>(sum_lo + sum_hi);
+  // 32-bit -> 8-bit: packs interleave the 128-bit halves; the permute puts the values back in order
+  const __m256i p16a = _mm256_packs_epi32(c[0], c[1]), p16b = _mm256_packs_epi32(c[2], c[3]);
+  const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+  const __m256i ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q32), ordered);
+}
+
+// x (n, n_in) -> f in the layout of f.lanes (0: natural, else lanes).
+LT void quantize_rows(const float* x, int64_t n, int64_t n_in, Int8Form& f) {
+  const int lanes = f.lanes;
+  f.n = n;
+  f.n_in = n_in;
+  f.n_pad = lanes > 0 ? (n + lanes - 1) / lanes * lanes : n;
+  const int64_t np = f.n_pad, nb = n_in / 32;
+  f.q.resize(size_t(np * n_in));
+  f.d.resize(size_t(np * nb));
+  f.s16.resize(size_t(np * nb * 2));
+  f.s32.resize(size_t(np * nb));
+  alignas(32) int8_t q32[32];
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t b = 0; b < nb; ++b) {
+      float d, s_lo, s_hi, s_all;
+      if (lanes == 0) {
+        quantize_block(x + r * n_in + 32 * b, f.q.data() + r * n_in + 32 * b, d, s_lo, s_hi, s_all);
+        f.d[r * nb + b] = d;
+        f.s16[r * 2 * nb + 2 * b] = s_lo;
+        f.s16[r * 2 * nb + 2 * b + 1] = s_hi;
+        f.s32[r * nb + b] = s_all;
+      } else {
+        quantize_block(x + r * n_in + 32 * b, q32, d, s_lo, s_hi, s_all);
+        for (int j = 0; j < 8; ++j) std::memcpy(f.q.data() + ((8 * b + j) * np + r) * 4, q32 + 4 * j, 4);
+        f.d[b * np + r] = d;
+        f.s16[2 * b * np + r] = s_lo;
+        f.s16[(2 * b + 1) * np + r] = s_hi;
+        f.s32[b * np + r] = s_all;
+      }
+    }
+}
+
+// --- float weights: F32, F16, BF16 against f32 activations ---------------------------------------------------
+
+template <TensorType T>
+LT inline __m256 load_w8(const uint8_t* p) {
+  if constexpr (T == TensorType::F32) return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  else if constexpr (T == TensorType::F16) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+
+template <TensorType T>
+inline float w_at(const uint8_t* row, int64_t k) {
+  if constexpr (T == TensorType::F32) {
+    float v;
+    std::memcpy(&v, row + 4 * k, 4);
+    return v;
+  } else {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * k, 2);
+    return T == TensorType::F16 ? gguf::fp16_to_fp32(h) : gguf::bf16_to_fp32(h);
+  }
+}
+
+// out[r * NT + t] = row i + r of W . row t0 + t of X, 8 values at a time (the tail of K one at a time).
+template <TensorType T, int R, int NT>
+LT void tile_float(const Matrix& w, int64_t i, const float* x, int64_t t0, float* out) {
+  constexpr int64_t es = T == TensorType::F32 ? 4 : 2;
+  const int64_t K = w.n_in;
+  const uint8_t* row[R];
+  for (int r = 0; r < R; ++r) row[r] = w.data + uint64_t(std::min(i + r, w.n_out - 1)) * w.row_bytes;
+  __m256 acc[R][NT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = load_w8<T>(row[r] + es * k);
+    for (int t = 0; t < NT; ++t) {
+      const __m256 xv = _mm256_loadu_ps(x + (t0 + t) * K + k);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) {
+      float s = V256::hsum(acc[r][t]);
+      for (int64_t kk = k; kk < K; ++kk) s += w_at<T>(row[r], kk) * x[(t0 + t) * K + kk];
+      out[r * NT + t] = s;
+    }
+}
+
+template <TensorType T, int R>
+LT void rows_float_typed(const Matrix& w, const float* x, int64_t i0, int64_t i1, int64_t t0, int64_t t1,
+                         float* y) {
+  constexpr int NT = 4;
+  float out[R * NT];
+  for (int64_t i = i0; i < i1; i += R) {
+    const int n_rows = int(std::min<int64_t>(R, i1 - i));
+    for (int64_t t = t0; t < t1;) {
+      const int nt = int(std::min<int64_t>(NT, t1 - t));
+      switch (nt) {
+        case 4: tile_float<T, R, 4>(w, i, x, t, out); break;
+        case 3: tile_float<T, R, 3>(w, i, x, t, out); break;
+        case 2: tile_float<T, R, 2>(w, i, x, t, out); break;
+        default: tile_float<T, R, 1>(w, i, x, t, out); break;
+      }
+      for (int r = 0; r < n_rows; ++r)
+        for (int j = 0; j < nt; ++j) y[(t + j) * w.n_out + i + r] = out[r * nt + j];
+      t += nt;
+    }
+  }
+}
+
+// Calls f.template operator()<T>() for the quantized type t.
+template <class F>
+void with_int8_type(TensorType t, F&& f) {
+  switch (t) {
+    case TensorType::Q4_0: return f.template operator()<TensorType::Q4_0>();
+    case TensorType::Q4_1: return f.template operator()<TensorType::Q4_1>();
+    case TensorType::Q8_0: return f.template operator()<TensorType::Q8_0>();
+    case TensorType::Q4_K: return f.template operator()<TensorType::Q4_K>();
+    case TensorType::Q5_K: return f.template operator()<TensorType::Q5_K>();
+    case TensorType::Q6_K: return f.template operator()<TensorType::Q6_K>();
+    default: return;
+  }
+}
+
+}  // namespace
+}  // namespace cascade::linear::detail

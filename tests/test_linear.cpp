@@ -1,0 +1,264 @@
+// Linear layers (model/linear.hpp): every path this CPU can run, every weight type, shapes that reach every tile
+// and tail of the kernels, each output against the double-precision product of the dequantized weights and the
+// activations as that path quantizes them, within the bound linear.cpp derives; the int8 forms every path makes
+// against the reference quantizer; errors.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cascade/error.hpp"
+#include "cascade/simd.hpp"
+#include "model/linear.hpp"
+#include "model/linear_kernels.hpp"
+#include "model/quant.hpp"
+
+using namespace cascade;
+using gguf::TensorType;
+using linear::Path;
+
+namespace {
+
+const TensorType kTypes[] = {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0, TensorType::Q4_K,
+                             TensorType::Q5_K, TensorType::Q6_K, TensorType::F32,  TensorType::F16,
+                             TensorType::BF16};
+
+std::vector<Path> runnable_paths() {
+  std::vector<Path> p;
+  for (Path x : {Path::portable, Path::avx2, Path::avx_vnni, Path::avx512_vnni})
+    if (linear::can_run(x)) p.push_back(x);
+  return p;
+}
+
+void put_half(uint8_t* p, float v) {
+  const uint16_t h = gguf::fp32_to_fp16(v);
+  p[0] = uint8_t(h);
+  p[1] = uint8_t(h >> 8);
+}
+
+// n_out rows of n_in random values of type t: random codes, and scales of magnitude `scale` (signs mixed) so
+// that the values stay O(scale * code).
+std::vector<uint8_t> random_matrix(TensorType t, int64_t n_in, int64_t n_out, std::mt19937& rng, float scale) {
+  const uint64_t rb = gguf::row_bytes(t, n_in);
+  std::vector<uint8_t> m(rb * uint64_t(n_out));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  if (t == TensorType::F32 || t == TensorType::F16 || t == TensorType::BF16) {
+    for (int64_t k = 0; k < n_in * n_out; ++k) {
+      const float v = u(rng) * scale;
+      if (t == TensorType::F32) {
+        std::memcpy(m.data() + 4 * k, &v, 4);
+      } else {
+        const uint16_t h = t == TensorType::F16 ? gguf::fp32_to_fp16(v) : gguf::fp32_to_bf16(v);
+        m[2 * k] = uint8_t(h);
+        m[2 * k + 1] = uint8_t(h >> 8);
+      }
+    }
+    return m;
+  }
+  for (auto& b : m) b = uint8_t(rng());
+  const uint64_t bb = gguf::block_bytes(t);
+  for (uint64_t at = 0; at < m.size(); at += bb) {
+    uint8_t* b = m.data() + at;
+    switch (t) {
+      case TensorType::Q4_0: case TensorType::Q8_0: put_half(b, u(rng) * scale); break;
+      case TensorType::Q4_1: put_half(b, u(rng) * scale); put_half(b + 2, u(rng) * 8 * scale); break;
+      case TensorType::Q4_K: case TensorType::Q5_K: put_half(b, u(rng) * scale / 32); put_half(b + 2, u(rng) * scale / 4); break;
+      case TensorType::Q6_K: put_half(b + 208, u(rng) * scale / 64); break;
+      default: break;
+    }
+  }
+  return m;
+}
+
+// Activations: normal values, some rows with an outlier, one block of zeros (d = 0), exact halves of a code
+// step (ties) in one row.
+std::vector<float> random_input(int64_t n, int64_t n_in, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(size_t(n * n_in));
+  for (auto& v : x) v = nd(rng);
+  for (int64_t r = 0; r < n; r += 3) x[size_t(r * n_in + (r * 7) % n_in)] *= 40.0f;
+  if (n_in >= 64 && n > 1)
+    for (int k = 32; k < 64; ++k) x[size_t(n_in + k)] = 0.0f;
+  if (n > 2)
+    for (int k = 0; k < 32; ++k) x[size_t(2 * n_in + k)] = k == 0 ? 127.0f : float(k % 7) - 2.5f;  // d = 1: ties
+  return x;
+}
+
+void check_product(Path path, TensorType t, int64_t n, int64_t n_in, int64_t n_out, std::mt19937& rng) {
+  const auto m = random_matrix(t, n_in, n_out, rng, 0.05f);
+  const auto w = linear::Matrix::view(t, m.data(), n_in, n_out);
+  const auto x = random_input(n, n_in, rng);
+  const linear::Input in(x.data(), n, n_in);
+  std::vector<float> y(size_t(n * n_out), -1e30f);
+  linear::matmul(w, in, y.data(), path);
+  std::vector<double> ref, bound;
+  linear::reference(w, in, path, ref, bound);
+  int bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double err = std::fabs(double(y[i]) - ref[i]);
+    worst = std::max(worst, err / (bound[i] + 1e-300));
+    if (!(err <= bound[i])) {
+      if (bad++ < 3) INFO("element " << i << ": " << y[i] << " vs " << ref[i] << " bound " << bound[i]);
+    }
+  }
+  INFO(std::string(linear::path_name(path)) << " " << std::string(gguf::type_name(t)) << " n " << n << " n_in " << n_in << " n_out " << n_out
+                               << ": worst error / bound = " << worst);
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("linear: every path, every type, against the double reference within the derived bound") {
+  std::mt19937 rng(2024);
+  for (Path path : runnable_paths())
+    for (TensorType t : kTypes) {
+      CAPTURE(linear::path_name(path));
+      CAPTURE(gguf::type_name(t));
+      const bool k_quant = gguf::block_size(t) == 256;
+      // n_in: one block, a tail of 32 past a multiple of 64, several blocks; float types also off any block
+      std::vector<int64_t> ins = k_quant ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{32, 96, 576};
+      if (gguf::block_size(t) == 1) ins.push_back(45);
+      for (int64_t n_in : ins)
+        // rows of X: by lanes of K (1-3), 8 lanes (4-8), 16 lanes (9+), tails of each; n_out: panel tails
+        for (int64_t n : {1, 2, 3, 4, 7, 8, 9, 16, 17, 33, 40})
+          check_product(path, t, n, n_in, n == 9 ? 1 : n % 2 ? 13 : 24, rng);
+    }
+}
+
+TEST_CASE("linear: a larger product, rows of X in several blocks, the default path") {
+  std::mt19937 rng(7);
+  for (TensorType t : {TensorType::Q4_1, TensorType::Q8_0, TensorType::Q6_K, TensorType::F16}) {
+    CAPTURE(gguf::type_name(t));
+    // 1536 columns: rows of X go in blocks of 160 (linear.cpp), so 300 rows take two
+    check_product(linear::active_path(), t, 300, 1536, 40, rng);
+  }
+}
+
+TEST_CASE("linear: every path quantizes activations to the reference's numbers, in both layouts") {
+  std::mt19937 rng(11);
+  for (int64_t n : {1, 5, 20}) {
+    const int64_t n_in = 96;
+    const auto x = random_input(n, n_in, rng);
+    const linear::Input in(x.data(), n, n_in);
+    const linear::Input::Int8 ref = in.int8_natural();
+    for (Path path : runnable_paths()) {
+      const linear::detail::Kernels* k = path == Path::portable    ? &linear::detail::portable_kernels()
+                                         : path == Path::avx2       ? linear::detail::avx2_kernels()
+                                         : path == Path::avx_vnni   ? linear::detail::avx_vnni_kernels()
+                                                                    : linear::detail::avx512_vnni_kernels();
+      REQUIRE(k != nullptr);
+      for (int lanes : {0, 8, 16}) {
+        if (path == Path::portable && lanes) continue;
+        CAPTURE(linear::path_name(path));
+        CAPTURE(lanes);
+        linear::detail::Int8Form f;
+        f.lanes = lanes;
+        k->quantize(x.data(), n, n_in, f);
+        const int64_t np = f.n_pad, nb = n_in / 32;
+        CHECK(np >= n);
+        bool same = true;
+        for (int64_t r = 0; r < n; ++r) {
+          for (int64_t c = 0; c < n_in; ++c) {
+            const int8_t got = lanes ? f.q[size_t(((c / 4) * np + r) * 4 + c % 4)] : f.q[size_t(r * n_in + c)];
+            same = same && got == ref.q[size_t(r * n_in + c)];
+          }
+          for (int64_t b = 0; b < nb; ++b) {
+            const float d = lanes ? f.d[size_t(b * np + r)] : f.d[size_t(r * nb + b)];
+            const float s32 = lanes ? f.s32[size_t(b * np + r)] : f.s32[size_t(r * nb + b)];
+            same = same && d == ref.d[size_t(r * nb + b)] && s32 == ref.s32[size_t(r * nb + b)];
+            for (int h = 0; h < 2; ++h) {
+              const float s16 = lanes ? f.s16[size_t((2 * b + h) * np + r)] : f.s16[size_t(r * 2 * nb + 2 * b + h)];
+              same = same && s16 == ref.s16[size_t(r * 2 * nb + 2 * b + h)];
+            }
+          }
+        }
+        CHECK(same);
+        // padding rows are zero
+        for (int64_t r = n; r < np; ++r) CHECK(f.d[size_t(r)] == 0.0f);
+      }
+    }
+  }
+  // the definition itself: d = max|x| / 127, codes within [-127, 127], ties to even
+  const float row[32] = {127.0f, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -126.5f};
+  const linear::Input in(row, 1, 32);
+  const auto f = in.int8_natural();
+  CHECK(f.d[0] == 1.0f);
+  CHECK(f.q[0] == 127);
+  CHECK(f.q[1] == 0);
+  CHECK(f.q[2] == 2);
+  CHECK(f.q[3] == 2);
+  CHECK(f.q[4] == 0);
+  CHECK(f.q[5] == -2);
+  CHECK(f.q[6] == -126);
+  CHECK(f.s16[0] == float(127 + 0 + 2 + 2 + 0 - 2 - 126));
+}
+
+TEST_CASE("linear: the f32 path against the reference of the f32 activations") {
+  std::mt19937 rng(5);
+  for (TensorType t : {TensorType::Q4_1, TensorType::Q6_K, TensorType::F32}) {
+    const int64_t n = 20, n_in = 256, n_out = 30;
+    const auto m = random_matrix(t, n_in, n_out, rng, 0.05f);
+    const auto w = linear::Matrix::view(t, m.data(), n_in, n_out);
+    const auto x = random_input(n, n_in, rng);
+    std::vector<float> y(size_t(n * n_out));
+    linear::matmul_f32(w, x.data(), n, y.data());
+    std::vector<float> wr(static_cast<size_t>(n_in));
+    for (int64_t i = 0; i < n_out; ++i) {
+      w.row(i, wr.data());
+      for (int64_t r = 0; r < n; ++r) {
+        double s = 0, a = 0;
+        for (int64_t k = 0; k < n_in; ++k) {
+          s += double(wr[k]) * x[size_t(r * n_in + k)];
+          a += std::fabs(double(wr[k]) * x[size_t(r * n_in + k)]);
+        }
+        CHECK(std::fabs(y[size_t(r * n_out + i)] - s) <= (n_in + 2) * std::ldexp(1.0, -24) * a);
+      }
+    }
+  }
+}
+
+TEST_CASE("linear: the default path is the widest the CPU has, capped by the ISA limit") {
+  const CpuFeatures& f = cpu_features();
+  const Path widest = f.has_avx512_tier() && f.avx512_vnni ? Path::avx512_vnni
+                      : f.has_avx2_tier() && f.avx_vnni    ? Path::avx_vnni
+                      : f.has_avx2_tier()                  ? Path::avx2
+                                                           : Path::portable;
+  CHECK(linear::active_path() == widest);
+  {
+    IsaLimit cap(Isa::avx2);
+    CHECK(linear::active_path() == (f.has_avx2_tier() ? (f.avx_vnni ? Path::avx_vnni : Path::avx2) : Path::portable));
+    CHECK_FALSE(linear::can_run(Path::avx512_vnni));
+  }
+  {
+    IsaLimit cap(Isa::portable);
+    CHECK(linear::active_path() == Path::portable);
+    std::vector<uint8_t> m(20);
+    const float x[32] = {};
+    float y[1];
+    const auto w = linear::Matrix::view(TensorType::Q4_1, m.data(), 32, 1);
+    const linear::Input in(x, 1, 32);
+    CHECK_THROWS_WITH_AS(linear::matmul(w, in, y, Path::avx2), "linear: this CPU cannot run the avx2 path", Error);
+  }
+  for (Path p : {Path::portable, Path::avx2, Path::avx_vnni, Path::avx512_vnni})
+    CHECK(std::string(linear::path_name(p)).size() > 3);
+}
+
+TEST_CASE("linear: bad matrices and inputs are errors naming the problem") {
+  std::vector<uint8_t> m(1024);
+  CHECK_THROWS_WITH_AS(linear::Matrix::view(TensorType::Q2_K, m.data(), 256, 1),
+                       doctest::Contains("q2_K (10) is not supported"), Error);
+  CHECK_THROWS_WITH_AS(linear::Matrix::view(TensorType::Q4_1, m.data(), 48, 1),
+                       doctest::Contains("not a whole number of blocks of 32"), Error);
+  CHECK_THROWS_AS(linear::Matrix::view(TensorType::Q4_1, nullptr, 32, 1), Error);
+  CHECK_THROWS_AS(linear::Matrix::view(TensorType::Q4_1, m.data(), 32, 0), Error);
+  const auto w = linear::Matrix::view(TensorType::Q4_1, m.data(), 64, 2);
+  std::vector<float> x(96), y(4);
+  const linear::Input in(x.data(), 1, 96);
+  CHECK_THROWS_WITH_AS(linear::matmul(w, in, y.data()), doctest::Contains("input rows of 96 values"), Error);
+  CHECK_THROWS_AS(w.row(2, y.data()), Error);
+}
