@@ -1,0 +1,393 @@
+// cascade-bench-linear: the runtime's linear layers (model/linear.hpp) on a model's layer shapes, timed against
+// the machine's read bandwidth and int8 multiply-add peak measured in the same run.
+//
+// For each shape, weight type, number of rows of X and path, two kinds of rows:
+//   one matrix (q, k, v, o, gate, up, down, lm_head): the caches are flushed before every repetition, so its
+//       weights come from memory as they do in a decode step;
+//   layers: every linear layer of n_layer layers and the lm_head, each with its own weights, multiplied in the
+//       order of a forward pass (q, k, v share their input; gate and up too) - one step's linear work.
+// Each row gives the weights' bytes and GB/s (bytes / time), int8 GOP/s (2 * rows * n_in * n_out / time; f32
+// FLOP/s on the f32 path), their fractions of the measured bandwidth and of the path's int8 peak, and the speed
+// against the f32 path (weights dequantized tile by tile, f32 activations: the runtime's previous path) when
+// that is among the paths run.
+#include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
+
+#include <tbb/global_control.h>
+#include <tbb/info.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cascade/error.hpp"
+#include "int8_peak.hpp"
+#include "machine.hpp"
+#include "model/linear.hpp"
+#include "model/quant.hpp"
+
+namespace {
+
+using cascade::gguf::TensorType;
+namespace linear = cascade::linear;
+
+[[noreturn]] void die(const std::string& msg) {
+  std::fprintf(stderr, "cascade-bench-linear: error: %s\n", msg.c_str());
+  std::exit(1);
+}
+
+void usage() {
+  std::printf(
+      "usage: cascade-bench-linear [options]\n"
+      "  --shape LIST      smollm2-135m (default), llama3.2-1b\n"
+      "  --rows LIST       rows of X, i.e. tokens of a step (default 1,8,32,128,512)\n"
+      "  --type LIST       weight types: q4_0, q4_1, q8_0, q4_K, q5_K, q6_K, f16, bf16, f32 (default q4_1,q8_0)\n"
+      "  --path LIST       active (the default path), portable, avx2, avx-vnni, avx512-vnni, f32 (weights\n"
+      "                    dequantized tile by tile, f32 activations) (default active,f32)\n"
+      "  --matrices LIST   q, k, v, o, gate, up, down, lm_head, layers (default all of them)\n"
+      "  --layers N        layers in the 'layers' rows (default: the model's, at most 4 for llama3.2-1b)\n"
+      "  --threads N       threads (default: all)\n"
+      "  --reps N          timed repetitions (default 7; the median is reported)\n"
+      "  -o md|csv|json    output format (default md)\n");
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(item);
+  return out;
+}
+
+int64_t parse_int(const std::string& flag, const std::string& s, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end) die(flag + ": '" + s + "' is not an integer");
+  if (v < lo || v > hi) die(flag + ": " + s + " is out of range");
+  return v;
+}
+
+struct Shape {
+  std::string name;
+  int64_t n_embd, n_q, n_kv, n_ff, n_vocab, n_layer, max_layers;
+};
+
+const std::map<std::string, Shape>& shapes() {
+  static const std::map<std::string, Shape> s = {
+      {"smollm2-135m", {"smollm2-135m", 576, 576, 192, 1536, 49152, 30, 30}},
+      {"llama3.2-1b", {"llama3.2-1b", 2048, 2048, 512, 8192, 128256, 16, 4}},
+  };
+  return s;
+}
+
+struct MatShape {
+  std::string name;
+  int64_t n_in, n_out;
+};
+
+std::vector<MatShape> matrices(const Shape& s) {
+  return {{"q", s.n_embd, s.n_q},     {"k", s.n_embd, s.n_kv},  {"v", s.n_embd, s.n_kv},
+          {"o", s.n_q, s.n_embd},     {"gate", s.n_embd, s.n_ff}, {"up", s.n_embd, s.n_ff},
+          {"down", s.n_ff, s.n_embd}, {"lm_head", s.n_embd, s.n_vocab}};
+}
+
+TensorType parse_type(const std::string& s) {
+  for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q5_K,
+                       TensorType::Q6_K, TensorType::F16, TensorType::BF16, TensorType::F32})
+    if (s == cascade::gguf::type_name(t)) return t;
+  die("--type: unknown type '" + s + "'");
+}
+
+// Random weights of type t: random bytes, with every block's f16 scales set to finite values.
+std::vector<uint8_t> random_weights(TensorType t, int64_t n_in, int64_t n_out, uint64_t seed) {
+  const uint64_t rb = cascade::gguf::row_bytes(t, n_in);
+  std::vector<uint8_t> m(rb * uint64_t(n_out));
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i + 8 <= m.size(); i += 8) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    std::memcpy(m.data() + i, &x, 8);
+  }
+  const auto put = [&](uint8_t* p, float v) {
+    const uint16_t h = cascade::gguf::fp32_to_fp16(v);
+    std::memcpy(p, &h, 2);
+  };
+  if (t == TensorType::F16 || t == TensorType::BF16 || t == TensorType::F32) {
+    const size_t es = t == TensorType::F32 ? 4 : 2;
+    for (size_t i = 0; i < m.size(); i += es) {
+      const float v = float(int(m[i] % 64) - 32) / 1024.0f;
+      if (t == TensorType::F32) std::memcpy(m.data() + i, &v, 4);
+      else if (t == TensorType::F16) put(m.data() + i, v);
+      else {
+        const uint16_t h = cascade::gguf::fp32_to_bf16(v);
+        std::memcpy(m.data() + i, &h, 2);
+      }
+    }
+    return m;
+  }
+  const uint64_t bb = cascade::gguf::block_bytes(t);
+  for (uint64_t at = 0; at < m.size(); at += bb) {
+    uint8_t* b = m.data() + at;
+    switch (t) {
+      case TensorType::Q4_0: case TensorType::Q8_0: put(b, 0.01f); break;
+      case TensorType::Q4_1: case TensorType::Q4_K: case TensorType::Q5_K: put(b, 0.01f); put(b + 2, -0.05f); break;
+      case TensorType::Q6_K: put(b + 208, 0.001f); break;
+      default: break;
+    }
+  }
+  return m;
+}
+
+struct Row {
+  std::string shape, matrix, type, path;
+  int64_t rows, n_in, n_out, n_matrices;
+  double ms, bytes, ops;
+};
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// One call: Y = X W^T on `path` ("f32" for the f32 path).
+void multiply(const std::string& path, const linear::Matrix& w, const linear::Input& x, float* y) {
+  if (path == "f32") {
+    linear::matmul_f32(w, x.data(), x.n(), y);
+    return;
+  }
+  const linear::Path p = path == "portable" ? linear::Path::portable
+                         : path == "avx2"   ? linear::Path::avx2
+                         : path == "avx-vnni" ? linear::Path::avx_vnni
+                                              : linear::Path::avx512_vnni;
+  linear::matmul(w, x, y, p);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::vector<std::string> shape_names = {"smollm2-135m"}, type_names = {"q4_1", "q8_0"}, paths = {"active", "f32"},
+                           mats = {"q", "k", "v", "o", "gate", "up", "down", "lm_head", "layers"};
+  std::vector<int64_t> rows = {1, 8, 32, 128, 512};
+  int threads = 0, reps = 7;
+  int64_t layers_flag = 0;
+  std::string format = "md";
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    const auto value = [&]() -> std::string {
+      if (i + 1 >= argc) die(f + " needs a value");
+      return argv[++i];
+    };
+    if (f == "-h" || f == "--help") {
+      usage();
+      return 0;
+    } else if (f == "--shape") {
+      shape_names = split_list(value());
+    } else if (f == "--rows") {
+      rows.clear();
+      for (const auto& s : split_list(value())) rows.push_back(parse_int(f, s, 1, 1 << 16));
+    } else if (f == "--type") {
+      type_names = split_list(value());
+    } else if (f == "--path") {
+      paths = split_list(value());
+    } else if (f == "--matrices") {
+      mats = split_list(value());
+    } else if (f == "--layers") {
+      layers_flag = parse_int(f, value(), 1, 1024);
+    } else if (f == "--threads") {
+      threads = int(parse_int(f, value(), 0, 1024));
+    } else if (f == "--reps") {
+      reps = int(parse_int(f, value(), 1, 1000));
+    } else if (f == "-o") {
+      format = value();
+      if (format != "md" && format != "csv" && format != "json") die("-o: expected md, csv or json");
+    } else {
+      die("unknown flag '" + f + "' (see --help)");
+    }
+  }
+  std::vector<TensorType> types;
+  for (const auto& s : type_names) types.push_back(parse_type(s));
+  for (auto& p : paths) {
+    if (p == "active") p = linear::path_name(linear::active_path());
+    if (p != "f32" && p != "portable" && p != "avx2" && p != "avx-vnni" && p != "avx512-vnni")
+      die("--path: unknown path '" + p + "'");
+    if (p != "f32" && p != "portable") {
+      const linear::Path lp = p == "avx2" ? linear::Path::avx2 : p == "avx-vnni" ? linear::Path::avx_vnni
+                                                                                  : linear::Path::avx512_vnni;
+      if (!linear::can_run(lp)) die("--path: this CPU cannot run the " + p + " path");
+    }
+  }
+  for (const auto& m : mats)
+    if (m != "layers" && m != "q" && m != "k" && m != "v" && m != "o" && m != "gate" && m != "up" && m != "down" &&
+        m != "lm_head")
+      die("--matrices: unknown matrix '" + m + "'");
+  for (const auto& s : shape_names)
+    if (!shapes().count(s)) die("--shape: unknown shape '" + s + "'");
+  if (threads == 0) threads = tbb::info::default_concurrency();
+  tbb::global_control gc(tbb::global_control::max_allowed_parallelism, size_t(threads));
+
+  // The machine's limits, in this run.
+  const double bw = bench::measure_read_bandwidth(threads);
+  std::map<std::string, double> peak;
+  for (const auto& p : paths) {
+    if (p == "f32") peak[p] = bench::measure_gemm_rate(threads);
+    else if (p == "portable") peak[p] = 0;
+    else
+      peak[p] = bench::measure_int8_peak(p == "avx2" ? linear::Path::avx2 : p == "avx-vnni" ? linear::Path::avx_vnni
+                                                                                            : linear::Path::avx512_vnni,
+                                         threads);
+  }
+  std::fprintf(stderr, "cascade-bench-linear: %d threads, read bandwidth %.1f GB/s", threads, bw / 1e9);
+  for (const auto& [p, v] : peak)
+    if (v > 0) std::fprintf(stderr, ", %s peak %.0f G%s/s", p.c_str(), v / 1e9, p == "f32" ? "FLOP" : "OP");
+  std::fprintf(stderr, "\n");
+
+  bench::CacheFlusher flusher;
+  std::vector<Row> out;
+  for (const auto& sn : shape_names) {
+    const Shape& shape = shapes().at(sn);
+    const int64_t n_layers = layers_flag ? layers_flag : shape.max_layers;
+    for (TensorType t : types) {
+      const int64_t bs = cascade::gguf::block_size(t);
+      const auto ok = [&](const MatShape& m) { return m.n_in % bs == 0; };
+      // one copy of each matrix; for 'layers', n_layers copies of the layer's seven and one lm_head
+      std::map<std::string, std::vector<uint8_t>> single;
+      std::vector<std::vector<uint8_t>> layer_store;
+      for (const MatShape& m : matrices(shape))
+        if (ok(m) && std::count(mats.begin(), mats.end(), m.name)) single[m.name] = random_weights(t, m.n_in, m.n_out, 1);
+      const std::vector<MatShape> all = matrices(shape);
+      const bool do_layers = std::count(mats.begin(), mats.end(), "layers") && std::all_of(all.begin(), all.end(), ok);
+      std::vector<std::vector<linear::Matrix>> layer_w;
+      linear::Matrix lm_head{};
+      if (do_layers) {
+        const auto& ms = all;
+        for (int64_t il = 0; il < n_layers; ++il) {
+          std::vector<linear::Matrix> ws;
+          for (size_t j = 0; j + 1 < ms.size(); ++j) {
+            layer_store.push_back(random_weights(t, ms[j].n_in, ms[j].n_out, uint64_t(100 * il + j)));
+            ws.push_back(linear::Matrix::view(t, layer_store.back().data(), ms[j].n_in, ms[j].n_out));
+          }
+          layer_w.push_back(ws);
+        }
+        layer_store.push_back(random_weights(t, shape.n_embd, shape.n_vocab, 7));
+        lm_head = linear::Matrix::view(t, layer_store.back().data(), shape.n_embd, shape.n_vocab);
+      }
+      for (int64_t n : rows) {
+        std::mt19937 rng(static_cast<uint32_t>(n));
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        const int64_t widest = std::max(shape.n_ff, shape.n_vocab);
+        std::vector<float> x(size_t(n * std::max(shape.n_ff, shape.n_q))), y(size_t(n * widest)),
+            y2(size_t(n * widest));
+        for (auto& v : x) v = nd(rng);
+        for (const auto& path : paths) {
+          for (const MatShape& m : matrices(shape)) {
+            if (!single.count(m.name)) continue;
+            const auto w = linear::Matrix::view(t, single[m.name].data(), m.n_in, m.n_out);
+            std::vector<double> ms;
+            for (int rep = -1; rep < reps; ++rep) {
+              flusher.flush();
+              const linear::Input in(x.data(), n, m.n_in);  // quantizing X is part of the product
+              const double t0 = now_s();
+              multiply(path, w, in, y.data());
+              if (rep >= 0) ms.push_back(1e3 * (now_s() - t0));
+            }
+            out.push_back({sn, m.name, cascade::gguf::type_name(t), path, n, m.n_in, m.n_out, 1, median(ms),
+                           double(w.bytes()), 2.0 * double(n) * double(m.n_in) * double(m.n_out)});
+          }
+          if (do_layers && (n <= 128 || shape.name == "smollm2-135m")) {
+            std::vector<double> ms;
+            double bytes = double(lm_head.bytes()), ops = 2.0 * double(n) * double(lm_head.n_in) * double(lm_head.n_out);
+            for (const auto& ws : layer_w)
+              for (const auto& w : ws) bytes += double(w.bytes()), ops += 2.0 * double(n) * double(w.n_in) * double(w.n_out);
+            for (int rep = -1; rep < reps; ++rep) {
+              flusher.flush();
+              const double t0 = now_s();
+              for (const auto& ws : layer_w) {
+                {
+                  const linear::Input in(x.data(), n, shape.n_embd);
+                  for (int j = 0; j < 3; ++j) multiply(path, ws[size_t(j)], in, y.data());
+                }
+                multiply(path, ws[3], linear::Input(x.data(), n, shape.n_q), y.data());
+                {
+                  const linear::Input in(x.data(), n, shape.n_embd);
+                  multiply(path, ws[4], in, y.data());
+                  multiply(path, ws[5], in, y2.data());
+                }
+                multiply(path, ws[6], linear::Input(x.data(), n, shape.n_ff), y.data());
+              }
+              multiply(path, lm_head, linear::Input(x.data(), n, shape.n_embd), y.data());
+              if (rep >= 0) ms.push_back(1e3 * (now_s() - t0));
+            }
+            out.push_back({sn, "layers", cascade::gguf::type_name(t), path, n, shape.n_embd, n_layers,
+                           n_layers * 7 + 1, median(ms), bytes, ops});
+          }
+        }
+      }
+    }
+  }
+
+  // speed against the f32 path of the same point
+  const auto f32_ms = [&](const Row& r) -> double {
+    for (const Row& o : out)
+      if (o.path == "f32" && o.shape == r.shape && o.matrix == r.matrix && o.type == r.type && o.rows == r.rows)
+        return o.ms;
+    return 0;
+  };
+  if (format == "md") {
+    std::printf("threads %d, read bandwidth %.1f GB/s", threads, bw / 1e9);
+    for (const auto& [p, v] : peak)
+      if (v > 0) std::printf(", %s peak %.0f G%s/s", p.c_str(), v / 1e9, p == "f32" ? "FLOP" : "OP");
+    std::printf("\n\n| shape | matrix | n_out x n_in | type | rows | path | ms | GB/s | of bw | GOP/s | of peak | vs f32 |\n");
+    std::printf("|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|\n");
+    for (const Row& r : out) {
+      const double gbs = r.bytes / (r.ms * 1e-3) / 1e9, gops = r.ops / (r.ms * 1e-3) / 1e9;
+      const double pk = peak[r.path], f = f32_ms(r);
+      const std::string dims = r.matrix == "layers" ? std::to_string(r.n_out) + " layers + lm_head"
+                                                    : std::to_string(r.n_out) + " x " + std::to_string(r.n_in);
+      std::printf("| %s | %s | %s | %s | %lld | %s | %.3f | %.1f | %.0f%% | %.1f | %s | %s |\n", r.shape.c_str(),
+                  r.matrix.c_str(), dims.c_str(), r.type.c_str(), (long long)r.rows, r.path.c_str(), r.ms, gbs,
+                  100 * gbs * 1e9 / bw, gops, pk > 0 ? (std::to_string(int(std::lround(100 * gops * 1e9 / pk))) + "%").c_str() : "-",
+                  f > 0 && r.path != "f32" ? (std::to_string(f / r.ms).substr(0, 5) + "x").c_str() : "-");
+    }
+  } else if (format == "csv") {
+    std::printf("shape,matrix,n_in,n_out,n_matrices,type,rows,path,ms,bytes,ops,gb_s,gop_s,read_bw_gb_s,peak_gop_s,"
+                "vs_f32\n");
+    for (const Row& r : out) {
+      const double f = f32_ms(r);
+      std::printf("%s,%s,%lld,%lld,%lld,%s,%lld,%s,%.6f,%.0f,%.0f,%.3f,%.3f,%.3f,%.3f,%.4f\n", r.shape.c_str(),
+                  r.matrix.c_str(), (long long)r.n_in, (long long)r.n_out, (long long)r.n_matrices, r.type.c_str(),
+                  (long long)r.rows, r.path.c_str(), r.ms, r.bytes, r.ops, r.bytes / r.ms / 1e6, r.ops / r.ms / 1e6,
+                  bw / 1e9, peak[r.path] / 1e9, f > 0 ? f / r.ms : 0.0);
+    }
+  } else {
+    std::printf("{\"threads\": %d, \"read_bw_gb_s\": %.3f, \"peak_gop_s\": {", threads, bw / 1e9);
+    bool first = true;
+    for (const auto& [p, v] : peak) {
+      std::printf("%s\"%s\": %.3f", first ? "" : ", ", p.c_str(), v / 1e9);
+      first = false;
+    }
+    std::printf("}, \"rows\": [\n");
+    for (size_t i = 0; i < out.size(); ++i) {
+      const Row& r = out[i];
+      const double f = f32_ms(r);
+      std::printf("  {\"shape\": \"%s\", \"matrix\": \"%s\", \"n_in\": %lld, \"n_out\": %lld, \"n_matrices\": %lld, "
+                  "\"type\": \"%s\", \"rows\": %lld, \"path\": \"%s\", \"ms\": %.6f, \"bytes\": %.0f, \"ops\": %.0f, "
+                  "\"gb_s\": %.3f, \"gop_s\": %.3f, \"vs_f32\": %.4f}%s\n",
+                  r.shape.c_str(), r.matrix.c_str(), (long long)r.n_in, (long long)r.n_out, (long long)r.n_matrices,
+                  r.type.c_str(), (long long)r.rows, r.path.c_str(), r.ms, r.bytes, r.ops, r.bytes / r.ms / 1e6,
+                  r.ops / r.ms / 1e6, f > 0 ? f / r.ms : 0.0, i + 1 < out.size() ? "," : "");
+    }
+    std::printf("]}\n");
+  }
+  return 0;
+} catch (const std::exception& e) {
+  die(e.what());
+}
