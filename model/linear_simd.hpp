@@ -71,16 +71,21 @@ struct V256 {
     const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
   }
-  // A chunk of L * 4 values whose groups are G long: lane j gets p[4 j / G].
+  // The activations' block scales of L groups of G values from block scales d: d[g * G / 32] for group g.
   template <int G>
-  LT static F expand(const float* p) {
-    if constexpr (G >= 32) {
-      return _mm256_broadcast_ss(p);
-    } else {
-      static_assert(G == 16);
-      return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(p)), _mm_broadcast_ss(p + 1), 1);
-    }
+  LT static F group_d(const float* d) {
+    if constexpr (G == 32) return _mm256_loadu_ps(d);
+    else return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(d)), _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
   }
+  // For chunk j of a window of L groups of G values: the group each lane's 4 values are in.
+  template <int G>
+  LT static I chunk_groups(int j) {
+    const I base = G == 32 ? _mm256_setzero_si256() : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    return _mm256_add_epi32(base, _mm256_set1_epi32(j * 32 / G));
+  }
+  LT static F permute(I idx, const float* p) { return _mm256_permutevar8x32_ps(_mm256_loadu_ps(p), idx); }
+  LT static I nibble_order(I v) { return v; }
+  LT static I nibble_groups(int j) { return chunk_groups<32>(j); }
 };
 
 #if CASCADE_LINEAR_512
@@ -100,25 +105,38 @@ struct V512 {
   LT static void storef(float* p, F v) { _mm512_storeu_ps(p, v); }
   LT static float hsum(F v) { return _mm512_reduce_add_ps(v); }
   template <int G>
-  LT static F expand(const float* p) {
-    if constexpr (G >= 32) {
-      return _mm512_insertf32x8(_mm512_set1_ps(p[0]), _mm256_set1_ps(p[1]), 1);
-    } else {
-      static_assert(G == 16);
-      const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-      return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(p)));
-    }
+  LT static F group_d(const float* d) {
+    if constexpr (G == 32) return _mm512_loadu_ps(d);
+    else
+      return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
+                                   _mm512_castps256_ps512(_mm256_loadu_ps(d)));
+  }
+  template <int G>
+  LT static I chunk_groups(int j) {
+    const I base = G == 32 ? _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+                           : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    return _mm512_add_epi32(base, _mm512_set1_epi32(j * 64 / G));
+  }
+  LT static F permute(I idx, const float* p) { return _mm512_permutexvar_ps(idx, _mm512_loadu_ps(p)); }
+  // Two blocks of 32 in the order of their nibbles: values 0-15, 32-47, 16-31, 48-63 (128-bit lanes 0, 2, 1, 3)
+  LT static I nibble_order(I v) { return _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0)); }
+  LT static I nibble_groups(int j) {
+    return _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1), _mm512_set1_epi32(2 * j));
   }
 };
 #endif
 
-// --- decoders: rows of W into a panel of codes, scales and offsets ------------------------------------------
+// --- decoders: the codes of a weight row 32 at a time, its scales and offsets a window at a time -----------------
 
-// Eight f16 values at p, p + stride, ... as f32.
-LT inline __m256 halves8(const uint8_t* p, size_t stride) {
-  alignas(16) uint16_t h[8];
-  for (int j = 0; j < 8; ++j) std::memcpy(&h[j], p + j * stride, 2);
-  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+// The low 16 bits (kHigh: the high 16 bits) of eight 32-bit lanes, as f32 from f16.
+template <bool kHigh>
+LT inline __m256 halves_of(__m256i v) {
+  const __m256i pick = kHigh ? _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1, 2, 3, 6, 7,
+                                                10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1)
+                             : _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5, 8,
+                                                9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i h = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, pick), 0x08);  // qwords 0 and 2
+  return _mm256_cvtph_ps(_mm256_castsi256_si128(h));
 }
 
 LT inline float half1(const uint8_t* p) {
@@ -127,98 +145,152 @@ LT inline float half1(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-// The f16 scale (at byte 0 of each block) and, for q4_1, the f16 min (at byte 2) of nb blocks of bb bytes:
-// scale = d, offset = off_mul * d (q4_0: -8, q8_0: -128, or 0 for signed q8_0 codes), or the min (q4_1).
-template <bool kMin>
-LT void block32_scales(const uint8_t* row, int64_t nb, size_t bb, float off_mul, float* sc, float* off) {
-  int64_t b = 0;
-  for (; b + 8 <= nb; b += 8) {
-    const __m256 d = halves8(row + b * bb, bb);
-    _mm256_storeu_ps(sc + b, d);
-    if constexpr (kMin) _mm256_storeu_ps(off + b, halves8(row + b * bb + 2, bb));
-    else _mm256_storeu_ps(off + b, _mm256_mul_ps(d, _mm256_set1_ps(off_mul)));
-  }
-  for (; b < nb; ++b) {
-    sc[b] = half1(row + b * bb);
-    off[b] = kMin ? half1(row + b * bb + 2) : off_mul * sc[b];
-  }
-}
+// The codes of one weight type (quant.hpp): unit(row, u) gives the 32 codes of values 32u .. 32u + 31 of a row;
+// scales(row, g0, n, sc, off) the scales and offsets of its groups g0 .. g0 + n (n <= the row's groups - g0).
+// kSigned (q8_0 only): the stored signed bytes themselves and offset 0, for vpmaddubsw (whose saturation codes up
+// to 255 would break). They produce exactly what gguf::decode_codes produces (the tests compare the products).
+template <TensorType T, bool kSigned = false>
+struct Codes;
 
-// One row of K values of type T: code[0..K), sc and off[0..K / G). kSigned (q8_0 only): code holds the stored
-// signed bytes themselves and off is 0 (for vpmaddubsw, whose saturation codes up to 255 would break).
+// q4_0 / q4_1 / q8_0: one block per unit; the f16 scale (and q4_1's min) at the start of each block.
 template <TensorType T, bool kSigned>
-LT void decode_row(const uint8_t* row, int64_t K, uint8_t* code, float* sc, float* off) {
-  const __m128i m4 = _mm_set1_epi8(15);
-  const __m256i m4y = _mm256_set1_epi8(15);
-  if constexpr (T == TensorType::Q4_0 || T == TensorType::Q4_1) {
-    constexpr size_t bb = T == TensorType::Q4_0 ? 18 : 20, qs = T == TensorType::Q4_0 ? 2 : 4;
-    const int64_t nb = K / 32;
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * bb + qs));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(code + 32 * b), _mm_and_si128(v, m4));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(code + 32 * b + 16), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
-    }
-    block32_scales<T == TensorType::Q4_1>(row, nb, bb, -8.0f, sc, off);
-  } else if constexpr (T == TensorType::Q8_0) {
-    const int64_t nb = K / 32;
-    const __m256i flip = _mm256_set1_epi8(char(0x80));
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 34 + 2));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(code + 32 * b), kSigned ? v : _mm256_xor_si256(v, flip));
-    }
-    block32_scales<false>(row, nb, 34, kSigned ? 0.0f : -128.0f, sc, off);
-  } else if constexpr (T == TensorType::Q4_K || T == TensorType::Q5_K) {
-    constexpr bool five = T == TensorType::Q5_K;
-    constexpr size_t bb = five ? 176 : 144, qs = five ? 48 : 16;
-    const __m256i one = _mm256_set1_epi8(1);
-    for (int64_t b = 0; b < K / 256; ++b) {
-      const uint8_t* blk = row + b * bb;
-      gguf::block_scales(T, blk, sc + 8 * b, off + 8 * b);
-      const __m256i qh = five ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)) : _mm256_setzero_si256();
-      uint8_t* out = code + 256 * b;
-      for (int g = 0; g < 4; ++g) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + qs + 32 * g));
-        __m256i lo = _mm256_and_si256(v, m4y), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4y);
-        if constexpr (five) {
-          // bit 2g (2g + 1) of qh[l] is the fifth bit of value 64g + l (64g + 32 + l): to bit 4 of the byte
-          const __m128i s_lo = _mm_cvtsi32_si128(2 * g), s_hi = _mm_cvtsi32_si128(2 * g + 1);
-          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, s_lo), one), 4));
-          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, s_hi), one), 4));
-        }
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64 * g), lo);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64 * g + 32), hi);
-      }
-    }
-  } else if constexpr (T == TensorType::Q6_K) {
-    const __m256i m2 = _mm256_set1_epi8(0x30);
-    for (int64_t b = 0; b < K / 256; ++b) {
-      const uint8_t* blk = row + b * 210;
-      gguf::block_scales(T, blk, sc + 16 * b, off + 16 * b);
-      for (int h = 0; h < 2; ++h) {
-        const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h));
-        const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32));
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
-        uint8_t* out = code + 256 * b + 128 * h;
-        // high bits 2j, 2j + 1 of qh[l] become bits 4-5 of value 32j + l
-        const __m256i c0 = _mm256_or_si256(_mm256_and_si256(l0, m4y), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
-        const __m256i c1 = _mm256_or_si256(_mm256_and_si256(l1, m4y), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
-        const __m256i c2 =
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4y), _mm256_and_si256(qh, m2));
-        const __m256i c3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4y),
-                                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), c0);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32), c1);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64), c2);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 96), c3);
-      }
+  requires(T == TensorType::Q4_0 || T == TensorType::Q4_1 || T == TensorType::Q8_0)
+struct Codes<T, kSigned> {
+  static constexpr int G = 32;
+  static constexpr bool is_signed = kSigned;
+  static constexpr size_t bb = T == TensorType::Q4_0 ? 18 : T == TensorType::Q4_1 ? 20 : 34;
+  LT static __m256i unit(const uint8_t* row, int64_t u) {
+    const uint8_t* b = row + u * bb;
+    if constexpr (T == TensorType::Q8_0) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+      return kSigned ? v : _mm256_xor_si256(v, _mm256_set1_epi8(char(0x80)));
+    } else {
+      const __m128i m4 = _mm_set1_epi8(15);
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (T == TensorType::Q4_0 ? 2 : 4)));
+      return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
     }
   }
-}
+  LT static void scales(const uint8_t* row, int64_t g0, int64_t n, float* sc, float* off) {
+    const float mul = T == TensorType::Q4_0 ? -8.0f : kSigned ? 0.0f : -128.0f;
+    const uint8_t* b = row + g0 * bb;
+    int64_t g = 0;
+    if constexpr (T == TensorType::Q4_1) {
+      // (d, m) of 4 blocks as 8 halves: d0 m0 d1 m1 ..., then apart
+      for (; g + 4 <= n; g += 4) {
+        __m128i h = _mm_cvtsi32_si128(load_i32(b + g * bb));
+        h = _mm_insert_epi32(h, load_i32(b + (g + 1) * bb), 1);
+        h = _mm_insert_epi32(h, load_i32(b + (g + 2) * bb), 2);
+        h = _mm_insert_epi32(h, load_i32(b + (g + 3) * bb), 3);
+        const __m256 dm = _mm256_cvtph_ps(h);
+        const __m128 lo = _mm256_castps256_ps128(dm), hi = _mm256_extractf128_ps(dm, 1);
+        _mm_storeu_ps(sc + g, _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)));
+        _mm_storeu_ps(off + g, _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));
+      }
+    } else {
+      for (; g + 8 <= n; g += 8) {
+        __m128i h = _mm_setzero_si128();
+        h = _mm_insert_epi16(h, int(b[g * bb] | b[g * bb + 1] << 8), 0);
+        h = _mm_insert_epi16(h, int(b[(g + 1) * bb] | b[(g + 1) * bb + 1] << 8), 1);
+        h = _mm_insert_epi16(h, int(b[(g + 2) * bb] | b[(g + 2) * bb + 1] << 8), 2);
+        h = _mm_insert_epi16(h, int(b[(g + 3) * bb] | b[(g + 3) * bb + 1] << 8), 3);
+        h = _mm_insert_epi16(h, int(b[(g + 4) * bb] | b[(g + 4) * bb + 1] << 8), 4);
+        h = _mm_insert_epi16(h, int(b[(g + 5) * bb] | b[(g + 5) * bb + 1] << 8), 5);
+        h = _mm_insert_epi16(h, int(b[(g + 6) * bb] | b[(g + 6) * bb + 1] << 8), 6);
+        h = _mm_insert_epi16(h, int(b[(g + 7) * bb] | b[(g + 7) * bb + 1] << 8), 7);
+        const __m256 d = _mm256_cvtph_ps(h);
+        _mm256_storeu_ps(sc + g, d);
+        _mm256_storeu_ps(off + g, _mm256_mul_ps(d, _mm256_set1_ps(mul)));
+      }
+    }
+    for (; g < n; ++g) {
+      sc[g] = half1(b + g * bb);
+      off[g] = T == TensorType::Q4_1 ? half1(b + g * bb + 2) : mul * sc[g];
+    }
+  }
+  // q4_0 / q4_1 by 64 (two blocks): [low nibbles of both | high nibbles of both], i.e. values 0-15 and 32-47,
+  // then 16-31 and 48-63; chunk_order says so to the kernel, which reorders its activations the same way.
+  static constexpr bool nibble_order = T != TensorType::Q8_0;
+#if CASCADE_LINEAR_512
+  LT static __m512i chunk64(const uint8_t* row, int64_t c, int64_t n_units) {
+    if constexpr (T == TensorType::Q8_0) {
+      const __m256i lo = unit(row, 2 * c);
+      const __m256i hi = 2 * c + 1 < n_units ? unit(row, 2 * c + 1) : _mm256_setzero_si256();
+      return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    } else {
+      constexpr size_t qs = T == TensorType::Q4_0 ? 2 : 4;
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * c * bb + qs));
+      const __m128i b = 2 * c + 1 < n_units ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + (2 * c + 1) * bb + qs))
+                                            : _mm_setzero_si128();
+      const __m256i v = _mm256_set_m128i(b, a), m4 = _mm256_set1_epi8(15);
+      return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m4)),
+                                _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), 1);
+    }
+  }
+#endif
+};
+
+// The K-quants: 256 values per block; scales and offsets from gguf::block_scales.
+template <TensorType T, bool kSigned>
+  requires(T == TensorType::Q4_K || T == TensorType::Q5_K || T == TensorType::Q6_K)
+struct Codes<T, kSigned> {
+  static constexpr int G = T == TensorType::Q6_K ? 16 : 32;
+  static constexpr bool is_signed = false;
+  static constexpr size_t bb = T == TensorType::Q4_K ? 144 : T == TensorType::Q5_K ? 176 : 210;
+  LT static __m256i unit(const uint8_t* row, int64_t u) {
+    const uint8_t* b = row + (u / 8) * bb;
+    const int j = int(u % 8);
+    const __m256i m4 = _mm256_set1_epi8(15);
+    if constexpr (T == TensorType::Q6_K) {
+      // half h = j / 4, quarter q = j % 4: low nibbles of ql[64h + 32 (q % 2) ..] (high nibbles for q >= 2),
+      // bits 2q and 2q + 1 of qh[32h ..] as bits 4 and 5
+      const int h = j / 4, q = j % 4;
+      const __m256i l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32 * (q % 2)));
+      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+      const __m256i lo = _mm256_and_si256(q < 2 ? l : _mm256_srli_epi16(l, 4), m4);
+      __m256i hi;
+      switch (q) {
+        case 0: hi = _mm256_slli_epi16(hb, 4); break;
+        case 1: hi = _mm256_slli_epi16(hb, 2); break;
+        case 2: hi = hb; break;
+        default: hi = _mm256_srli_epi16(hb, 2); break;
+      }
+      return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
+    } else {
+      // group g = j / 2 reads qs[32g ..]: low nibbles for even j, high for odd; q5_K's fifth bit is bit j of qh[l]
+      constexpr size_t qs = T == TensorType::Q5_K ? 48 : 16;
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + qs + 32 * (j / 2)));
+      __m256i c = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
+      if constexpr (T == TensorType::Q5_K) {
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+        const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+        c = _mm256_or_si256(c, _mm256_slli_epi16(bit, 4));
+      }
+      return c;
+    }
+  }
+  static constexpr bool nibble_order = false;
+#if CASCADE_LINEAR_512
+  LT static __m512i chunk64(const uint8_t* row, int64_t c, int64_t) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(unit(row, 2 * c)), unit(row, 2 * c + 1), 1);
+  }
+#endif
+  LT static void scales(const uint8_t* row, int64_t g0, int64_t n, float* sc, float* off) {
+    constexpr int64_t per = 256 / G;  // groups per block
+    float bs[per], bo[per];
+    for (int64_t g = 0; g < n;) {
+      const int64_t b = (g0 + g) / per, first = (g0 + g) % per, m = std::min(per - first, n - g);
+      gguf::block_scales(T, row + b * bb, bs, bo);
+      std::memcpy(sc + g, bs + first, size_t(m) * sizeof(float));
+      std::memcpy(off + g, bo + first, size_t(m) * sizeof(float));
+      g += m;
+    }
+  }
+};
 
 // A panel: R weight rows decoded, row r's codes at code + r * k_pad (zero past K), its scales and offsets at
 // sc / off + r * g_pad (zero past K / G). Rows past the matrix's end are all zero.
 struct Panel {
-  std::vector<uint8_t, std::allocator<uint8_t>> code_store;
+  std::vector<uint8_t> code_store;
   std::vector<float> sc_store, off_store;
   uint8_t* code = nullptr;
   float *sc = nullptr, *off = nullptr;
@@ -238,18 +310,21 @@ struct Panel {
   }
 };
 
-template <TensorType T, bool kSigned>
-LT void decode_panel(const Matrix& w, int64_t i, int R, int64_t G, Panel& p) {
-  const int64_t K = w.n_in;
+template <class Cd>
+LT void decode_panel(const Matrix& w, int64_t i, int R, Panel& p) {
+  const int64_t K = w.n_in, n_units = K / 32, n_groups = K / Cd::G;
   for (int r = 0; r < R; ++r) {
     uint8_t* code = p.code + r * p.k_pad;
     float* sc = p.sc + r * p.g_pad;
     float* off = p.off + r * p.g_pad;
     if (i + r < w.n_out) {
-      decode_row<T, kSigned>(w.data + uint64_t(i + r) * w.row_bytes, K, code, sc, off);
+      const uint8_t* row = w.data + uint64_t(i + r) * w.row_bytes;
+      for (int64_t u = 0; u < n_units; ++u)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(code + 32 * u), Cd::unit(row, u));
+      Cd::scales(row, 0, n_groups, sc, off);
       std::memset(code + K, 0, size_t(p.k_pad - K));
-      std::fill(sc + K / G, sc + p.g_pad, 0.0f);
-      std::fill(off + K / G, off + p.g_pad, 0.0f);
+      std::fill(sc + n_groups, sc + p.g_pad, 0.0f);
+      std::fill(off + n_groups, off + p.g_pad, 0.0f);
     } else {
       std::memset(code, 0, size_t(p.k_pad));
       std::fill(sc, sc + p.g_pad, 0.0f);
@@ -260,51 +335,79 @@ LT void decode_panel(const Matrix& w, int64_t i, int R, int64_t G, Panel& p) {
 
 // --- the int8 product, by lanes of K ---------------------------------------------------------------------
 
-// out[r * T + t] = row r of the panel . row t0 + t of X (natural layout), for R rows and T rows of X.
-template <class V, class D, int G, int R, int T, bool kSigned>
-LT void tile_k(const Panel& p, const Int8Form& x, int64_t t0, float* out) {
+// A chunk of 32 (V256) or 64 (V512) codes of a row; units past the row (n_units) are zero.
+template <class V, class Cd>
+LT typename V::I chunk_codes(const uint8_t* row, int64_t c, int64_t n_units) {
+  if constexpr (V::L == 8) {
+    return Cd::unit(row, c);
+  } else {
+#if CASCADE_LINEAR_512
+    return Cd::chunk64(row, c, n_units);
+#endif
+  }
+}
+
+// out[r * T + t] = row i + r of W . row t0 + t of X (natural layout), for R rows and T rows of X, the codes
+// decoded straight into registers. First, per row, its scales and offsets; per (r, t), scale[g] * d[block of g]
+// for every group (comb) and the offsets against the activations' group sums (as a vector). Then per chunk of
+// codes each lane picks its group's product from comb with one permute (groups come in windows of L).
+template <class V, class D, class Cd, int R, int T>
+LT void tile_k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, float* out) {
   using I = typename V::I;
   using F = typename V::F;
-  constexpr int C = 4 * V::L;  // codes per chunk
-  const int64_t K = x.n_in, n_chunks = p.k_pad / C;
+  constexpr int L = V::L, C = 4 * L, G = Cd::G;
+  constexpr int CW = L * G / C;  // chunks per window of L groups
+  constexpr bool reorder = Cd::nibble_order && L == 16;
+  const int64_t K = x.n_in, nb = K / 32, n_groups = K / G, n_units = K / 32;
+  const int64_t gp = (n_groups + L - 1) / L * L, n_chunks = (K + C - 1) / C;
+  const float* s_base = G == 16 ? x.s16.data() : x.s32.data();
+  thread_local std::vector<float> buf;
+  buf.resize(size_t((2 * R + R * T) * gp + 16));
+  float* sc = buf.data();          // (R, gp)
+  float* off = sc + R * gp;        // (R, gp)
+  float* comb = off + R * gp;      // (R, T, gp)
+  const uint8_t* row[R];
+  for (int r = 0; r < R; ++r) {
+    row[r] = w.data + uint64_t(std::min(i + r, w.n_out - 1)) * w.row_bytes;
+    Cd::scales(row[r], 0, n_groups, sc + r * gp, off + r * gp);
+    for (int64_t g = n_groups; g < gp; ++g) sc[r * gp + g] = off[r * gp + g] = 0.0f;
+  }
   F acc[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = V::fzero();
-  for (int64_t c = 0; c < n_chunks; ++c) {
-    I wv[R];
-    F sv[R];
+  for (int t = 0; t < T; ++t) {
+    // past the row's last group these read the next row's numbers (or the buffer's zero slack): times 0
+    const float* d = x.d.data() + (t0 + t) * nb;
+    const float* sg = s_base + (t0 + t) * n_groups;
     for (int r = 0; r < R; ++r) {
-      wv[r] = V::load(p.code + r * p.k_pad + c * C);
-      sv[r] = V::template expand<G>(p.sc + r * p.g_pad + c * C / G);
+      F o = V::fzero();
+      for (int64_t g = 0; g < gp; g += L) {
+        V::storef(comb + (r * T + t) * gp + g, V::mul(V::loadf(sc + r * gp + g), V::template group_d<G>(d + g * G / 32)));
+        o = V::fma(V::loadf(off + r * gp + g), V::loadf(sg + g), o);
+      }
+      acc[r][t] = o;
     }
+  }
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const int64_t window = c / CW * L;
+    const int j = int(c % CW);
+    const I idx = reorder ? V::nibble_groups(j) : V::template chunk_groups<G>(j);
+    I wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = chunk_codes<V, Cd>(row[r], c, n_units);
     I wa[R];
-    if constexpr (kSigned)
+    if constexpr (Cd::is_signed)
       for (int r = 0; r < R; ++r) wa[r] = V::abs8(wv[r]);
     for (int t = 0; t < T; ++t) {
-      const I xv = V::load(x.q.data() + (t0 + t) * K + c * C);
-      const F dv = V::template expand<32>(x.d.data() + (t0 + t) * (K / 32) + c * C / 32);
+      I xv = V::load(x.q.data() + (t0 + t) * K + c * C);
+      if constexpr (reorder) xv = V::nibble_order(xv);
       for (int r = 0; r < R; ++r) {
         I s;
-        if constexpr (kSigned) s = D::dot(V::izero(), wa[r], V::sign8(xv, wv[r]));
+        if constexpr (Cd::is_signed) s = D::dot(V::izero(), wa[r], V::sign8(xv, wv[r]));
         else s = D::dot(V::izero(), wv[r], xv);
-        acc[r][t] = V::fma(V::cvt(s), V::mul(sv[r], dv), acc[r][t]);
+        acc[r][t] = V::fma(V::cvt(s), V::permute(idx, comb + (r * T + t) * gp + window), acc[r][t]);
       }
     }
   }
-  // offsets: sum over groups of off[g] * s[g]
-  const int64_t n_groups = K / G;
-  const float* s_base = G == 16 ? x.s16.data() : x.s32.data();
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) {
-      const float* s = s_base + (t0 + t) * n_groups;
-      const float* off = p.off + r * p.g_pad;
-      F o = V::fzero();
-      int64_t g = 0;
-      for (; g + V::L <= n_groups; g += V::L) o = V::fma(V::loadf(off + g), V::loadf(s + g), o);
-      float tail = 0;
-      for (; g < n_groups; ++g) tail += off[g] * s[g];
-      out[r * T + t] = V::hsum(acc[r][t]) + (V::hsum(o) + tail);
-    }
+    for (int t = 0; t < T; ++t) out[r * T + t] = V::hsum(acc[r][t]);
 }
 
 // --- the int8 product, by lanes of X -----------------------------------------------------------------------
@@ -367,43 +470,49 @@ struct Shape {
 
 template <class S, TensorType T, bool kSigned>
 LT void rows_typed(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, int64_t t0, int64_t t1, float* y) {
-  constexpr int G = T == TensorType::Q6_K ? 16 : 32;
+  using Cd = Codes<T, kSigned>;
+  constexpr int G = Cd::G;
   constexpr int L = S::XV::L;
-  thread_local Panel p;
-  const bool by_x = x.lanes > 0;
-  const int R = by_x ? S::rx : S::rk;
-  p.reserve(R, w.n_in, G);
   alignas(64) float out[std::max(S::rx * S::tvx * L, S::rk * 3)];
-  for (int64_t i = i0; i < i1; i += R) {
-    decode_panel<T, kSigned>(w, i, R, G, p);
-    const int n_rows = int(std::min<int64_t>(R, i1 - i));
-    if (!by_x) {
+  if (x.lanes == 0) {
+    // few rows of X: codes straight into registers, R weight rows at a time
+    constexpr int R = S::rk;
+    for (int64_t i = i0; i < i1; i += R) {
+      const int n_rows = int(std::min<int64_t>(R, i1 - i));
       for (int64_t t = t0; t < t1;) {
         const int nt = int(std::min<int64_t>(3, t1 - t));
         switch (nt) {
-          case 3: tile_k<typename S::KV, typename S::KD, G, S::rk, 3, kSigned>(p, x, t, out); break;
-          case 2: tile_k<typename S::KV, typename S::KD, G, S::rk, 2, kSigned>(p, x, t, out); break;
-          default: tile_k<typename S::KV, typename S::KD, G, S::rk, 1, kSigned>(p, x, t, out); break;
+          case 3: tile_k<typename S::KV, typename S::KD, Cd, R, 3>(w, i, x, t, out); break;
+          case 2: tile_k<typename S::KV, typename S::KD, Cd, R, 2>(w, i, x, t, out); break;
+          default: tile_k<typename S::KV, typename S::KD, Cd, R, 1>(w, i, x, t, out); break;
         }
         for (int r = 0; r < n_rows; ++r)
           for (int j = 0; j < nt; ++j) y[(t + j) * w.n_out + i + r] = out[r * nt + j];
         t += nt;
       }
-    } else {
-      // t0 is a multiple of L (linear.cpp splits rows of X in blocks of 16), so a vector never reads past n_pad
-      for (int64_t t = t0; t < t1;) {
-        const int tv = S::tvx > 1 && t1 - t > L ? 2 : 1;
-        if constexpr (S::tvx > 1) {
-          if (tv == 2) tile_x<typename S::XV, typename S::XD, G, S::rx, 2, kSigned>(p, x, t, out);
-          else tile_x<typename S::XV, typename S::XD, G, S::rx, 1, kSigned>(p, x, t, out);
-        } else {
-          tile_x<typename S::XV, typename S::XD, G, S::rx, 1, kSigned>(p, x, t, out);
-        }
-        const int nt = int(std::min<int64_t>(tv * L, t1 - t));
-        for (int r = 0; r < n_rows; ++r)
-          for (int j = 0; j < nt; ++j) y[(t + j) * w.n_out + i + r] = out[r * tv * L + j];
-        t += nt;
+    }
+    return;
+  }
+  // more rows of X: R weight rows decoded into a panel once, then every vector of X rows against it. t0 is a
+  // multiple of L (linear.cpp splits rows of X in blocks of 16), so a vector never reads past n_pad.
+  constexpr int R = S::rx;
+  thread_local Panel p;
+  p.reserve(R, w.n_in, G);
+  for (int64_t i = i0; i < i1; i += R) {
+    decode_panel<Cd>(w, i, R, p);
+    const int n_rows = int(std::min<int64_t>(R, i1 - i));
+    for (int64_t t = t0; t < t1;) {
+      const int tv = S::tvx > 1 && t1 - t > L ? 2 : 1;
+      if constexpr (S::tvx > 1) {
+        if (tv == 2) tile_x<typename S::XV, typename S::XD, G, R, 2, kSigned>(p, x, t, out);
+        else tile_x<typename S::XV, typename S::XD, G, R, 1, kSigned>(p, x, t, out);
+      } else {
+        tile_x<typename S::XV, typename S::XD, G, R, 1, kSigned>(p, x, t, out);
       }
+      const int nt = int(std::min<int64_t>(tv * L, t1 - t));
+      for (int r = 0; r < n_rows; ++r)
+        for (int j = 0; j < nt; ++j) y[(t + j) * w.n_out + i + r] = out[r * tv * L + j];
+      t += nt;
     }
   }
 }
