@@ -2,7 +2,7 @@
 # The study: what attending over other sequences' tokens (unified cache + mask) costs against cascade and
 # split per-sequence streams, and where a shared prefix stops paying. One command regenerates everything:
 #
-#   bench/study.sh [--quick] OUTDIR
+#   bench/study.sh [--quick] [--llama-cpp] OUTDIR
 #
 # OUTDIR/raw/    kernel sweeps (cascade-bench CSV + JSON), re-checks of the points where auto came out over
 #                5% (recheck-*.json), decode runs (cascade-generate JSON), machine.txt
@@ -10,22 +10,28 @@
 # OUTDIR/summary.md, summary.json   the numbers docs/study.md quotes
 #
 # Default: about 25 minutes on a quiet 2-core machine (docs/study.md). --quick (CI smoke test): under 3 minutes, small sweeps, a
-# short decode run, no large model. Needs the build (scripts/test.sh or cmake --build build); CASCADE_BUILD
+# short decode run, no large model. --llama-cpp (not with --quick): the same decode runs by llama.cpp too, in its four
+# configurations (one KV buffer + mask or one stream per sequence, flash attention on or off), built from source by
+# bench/llama-cpp.sh (OUTDIR/raw/llama-cpp-*.json; about 35 minutes more); a missing package or failed build is one
+# line in the log and the study goes on without it. Needs the build (scripts/test.sh or cmake --build build); CASCADE_BUILD
 # points at another build folder. The random-weight Llama 3.2 1B-shaped model is written to OUTDIR and
 # deleted after its run (it is large and regenerated in seconds).
 set -euo pipefail
 
 quick=0
+llama=0
 out=""
 for a in "$@"; do
   case "$a" in
     --quick) quick=1 ;;
-    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
+    --llama-cpp) llama=1 ;;
+    -h|--help) sed -n 2,20p "$0"; exit 0 ;;
     -*) echo "study.sh: unknown flag '$a'" >&2; exit 2 ;;
     *) out="$a" ;;
   esac
 done
-[ -n "$out" ] || { echo "usage: bench/study.sh [--quick] OUTDIR" >&2; exit 2; }
+[ -n "$out" ] || { echo "usage: bench/study.sh [--quick] [--llama-cpp] OUTDIR" >&2; exit 2; }
+[ "$quick" = 0 ] || [ "$llama" = 0 ] || { echo "study.sh: --llama-cpp is not for --quick" >&2; exit 2; }
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${CASCADE_BUILD:-$root/build}"
@@ -133,7 +139,7 @@ if [ "$quick" = 1 ]; then
   decode smollm2-135m-np8 "$model" 8 24
 else
   decode smollm2-135m-np8 "$model" 8 2320
-  decode smollm2-135m-np32 "$model" 32 160
+  decode smollm2-135m-np32 "$model" 32 512
   # Llama 3.2 1B's dimensions (2048 wide, 32/8 heads of 64, FFN 8192) with random Q8_0 weights. 4 of its
   # 16 layers: every layer does the same work, so the per-step times are a quarter of the full model's
   # and the share of attention in a step is the full model's.
@@ -142,6 +148,30 @@ else
   "$mkrandom" --vocab-from "$model" --out "$big" --shape llama3.2-1b --layers 4 --type q8_0 2> "$raw/make-random-llama.log"
   decode llama3.2-1b-4l-np8 "$big" 8 320
   rm -f "$big"
+fi
+# --- 2b. llama.cpp beside cascade (--llama-cpp) -----------------------------------------------------------
+# The same model, prompt, sampling and thread count through llama.cpp's C API (bench/llama-cpp-client.cpp):
+# prompt once, copied to the other sequences, one token per sequence per step.
+if [ "$llama" = 1 ]; then
+  log "llama.cpp: building (bench/llama-cpp.sh)"
+  if client_log=$("$root/bench/llama-cpp.sh" --build-only 2>&1); then
+    llama_run() {  # name, n_parallel, n_predict
+      local name="$1" np="$2" n="$3" cfg
+      for cfg in unified unified+fa streams streams+fa; do
+        local unified=0 fa=0
+        case "$cfg" in unified*) unified=1 ;; esac
+        case "$cfg" in *+fa) fa=1 ;; esac
+        log "llama.cpp $name $cfg (-np $np -n $n)"
+        "$root/bench/llama-cpp.sh" -m "$model" -f "$prompt" -np "$np" -n "$n" -t "$(nproc)" --temp 1.5 -s 42 \
+          --kv-unified "$unified" --flash-attn "$fa" > "$raw/llama-cpp-$name-$cfg.json" 2> "$raw/llama-cpp-$name-$cfg.log" ||
+          { log "llama.cpp $name $cfg failed (see $raw/llama-cpp-$name-$cfg.log)"; rm -f "$raw/llama-cpp-$name-$cfg.json"; }
+      done
+    }
+    llama_run smollm2-135m-np8 8 2320
+    llama_run smollm2-135m-np32 32 512
+  else
+    log "llama.cpp skipped: $(echo "$client_log" | tail -1)"
+  fi
 fi
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)" >> "$raw/machine.txt"
 echo "seconds: $(( $(date +%s) - t_start ))" >> "$raw/machine.txt"

@@ -2,7 +2,8 @@
 """Plots and summary numbers of bench/study.sh's run: python3 bench/study_plot.py OUTDIR
 
 Reads OUTDIR/raw/kernel-*.json (cascade-bench rows), OUTDIR/raw/recheck-*.json (points re-timed with more
-repetitions) and OUTDIR/raw/decode-*.json (cascade-generate --json), writes OUTDIR/fig/*.png,
+repetitions), OUTDIR/raw/decode-*.json (cascade-generate --json) and, when study.sh ran with --llama-cpp,
+OUTDIR/raw/llama-cpp-*.json (the same decode runs by llama.cpp), writes OUTDIR/fig/*.png,
 OUTDIR/summary.json and OUTDIR/summary.md. Plots need matplotlib; without it the summary is still written and
 the script says which figures it skipped.
 
@@ -456,6 +457,129 @@ def plots(out, runs, sweeps, kernel):
     return made
 
 
+# --- llama.cpp beside cascade (study.sh --llama-cpp) -----------------------------------------------------------
+
+LLAMA_CONFIGS = ["unified", "unified+fa", "streams", "streams+fa"]
+LLAMA_COLORS = {"unified": "tab:purple", "unified+fa": "tab:pink", "streams": "tab:brown", "streams+fa": "tab:gray"}
+
+
+def load_llama(raw):
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(raw, "llama-cpp-*.json"))):
+        m = re.match(r"llama-cpp-(.+)-(unified|unified\+fa|streams|streams\+fa)\.json$", os.path.basename(path))
+        if not m:
+            continue
+        with open(path) as f:
+            try:
+                runs.setdefault(m.group(1), {})[m.group(2)] = json.load(f)
+            except json.JSONDecodeError:
+                continue
+    return runs
+
+
+def step_at(d, centre, width=20):
+    xs = d["step_ms"][max(0, centre - width):centre]
+    return mean(xs)
+
+
+def summarize_llama(llama, runs):
+    """Per decode run: llama.cpp's four configurations, its best, and cascade's default (auto) against them."""
+    out = {}
+    for name, cfgs in llama.items():
+        e = {"configs": {}}
+        for cfg, d in cfgs.items():
+            n = len(d["step_ms"])
+            e["configs"][cfg] = {"decode_tokens_per_s": d["decode_tokens_per_s"], "prompt_ms": d["prompt_ms"],
+                                 "n_steps": n, "step40_ms": step_at(d, min(40, n)), "last_ms": mean(d["step_ms"][-20:]),
+                                 "n_prompt_tokens": d["n_prompt_tokens"]}
+        for c in e["configs"].values():
+            c["growth"] = c["last_ms"] / c["step40_ms"] if c["step40_ms"] > 0 else float("nan")
+        best = max(e["configs"], key=lambda c: e["configs"][c]["decode_tokens_per_s"])
+        e["best"] = best
+        ours = runs.get(name, {}).get("auto") or runs.get(name, {}).get("cascade")
+        if ours:
+            n = len(ours["step_ms"])
+            c = {"attn": ours["attn"], "decode_tokens_per_s": ours["decode_tokens_per_s"], "prompt_ms": ours["prompt_ms"],
+                 "step40_ms": step_at(ours, min(40, n)), "last_ms": mean(ours["step_ms"][-20:]), "n_steps": n,
+                 "n_prompt_tokens": ours["n_prompt_tokens"], "linear_path": ours.get("linear_path", "?")}
+            c["growth"] = c["last_ms"] / c["step40_ms"] if c["step40_ms"] > 0 else float("nan")
+            e["cascade"] = c
+            b = e["configs"][best]
+            e["decode_over_best"] = c["decode_tokens_per_s"] / b["decode_tokens_per_s"]
+            e["prefill_over_best"] = b["prompt_ms"] / c["prompt_ms"]
+            for u in ("unified+fa", "unified"):
+                if u in e["configs"]:
+                    e["decode_over_" + u] = c["decode_tokens_per_s"] / e["configs"][u]["decode_tokens_per_s"]
+        out[name] = e
+    return out
+
+
+def write_llama_md(path, lsum):
+    if not lsum:
+        return
+    L = ["", "## llama.cpp beside cascade (same model, prompt, sampling and threads)", ""]
+    for name, e in lsum.items():
+        L.append(f"### {name}")
+        L.append("")
+        L.append("| engine, configuration | decode tokens/s | ms per step, steps 20-40 | last 20 steps | growth | "
+                 "prompt eval s |")
+        L.append("|---|---|---|---|---|---|")
+        c = e.get("cascade")
+        if c:
+            L.append(f"| cascade-generate --attn {c['attn']} (linear {c['linear_path']}) | {c['decode_tokens_per_s']:.1f} | "
+                     f"{c['step40_ms']:.1f} | {c['last_ms']:.1f} | {fmt(c['growth'])}x | {c['prompt_ms'] / 1e3:.2f} |")
+        for cfg in LLAMA_CONFIGS:
+            if cfg in e["configs"]:
+                x = e["configs"][cfg]
+                L.append(f"| llama.cpp {cfg}{' (best)' if cfg == e['best'] else ''} | {x['decode_tokens_per_s']:.1f} | "
+                         f"{x['step40_ms']:.1f} | {x['last_ms']:.1f} | {fmt(x['growth'])}x | {x['prompt_ms'] / 1e3:.2f} |")
+        L.append("")
+        if c:
+            extra = "".join(f", {fmt(e['decode_over_' + u])}x its {u}" for u in ("unified+fa", "unified")
+                            if "decode_over_" + u in e)
+            L.append(f"cascade decodes {fmt(e['decode_over_best'])}x llama.cpp's best ({e['best']}){extra}; "
+                     f"its prompt eval is {fmt(e['prefill_over_best'])}x as fast as the best configuration's.")
+            L.append("")
+    with open(path, "a") as f:
+        f.write("\n".join(L) + "\n")
+
+
+def plot_llama(out, llama, runs):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    for name, cfgs in llama.items():
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        n = max(len(d["step_ms"]) for d in cfgs.values())
+        w = max(1, n // 60)
+        for m in ("auto", "cascade"):
+            if m in runs.get(name, {}):
+                d = runs[name][m]
+                ax.plot(range(1, len(d["step_ms"]) + 1), rolling(d["step_ms"], w), color=COLORS[m], lw=1.6,
+                        label=f"cascade --attn {m}")
+        for cfg in LLAMA_CONFIGS:
+            if cfg in cfgs:
+                d = cfgs[cfg]
+                ax.plot(range(1, len(d["step_ms"]) + 1), rolling(d["step_ms"], w), color=LLAMA_COLORS[cfg], lw=1.2,
+                        ls="--", label=f"llama.cpp {cfg}")
+        d0 = next(iter(cfgs.values()))
+        ax.set_title(f"{name}: {d0['n_parallel']} sequences, {d0['n_prompt_tokens']}-token shared prompt"
+                     + (f" (mean of {w} steps)" if w > 1 else ""))
+        ax.set_xlabel("decode step")
+        ax.set_ylabel("decode step (ms)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        p = os.path.join(out, "fig", f"llama-cpp-{name}.png")
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        made.append(p)
+    return made
+
+
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--recheck-list":
         for a in recheck_args(summarize_kernel(load_kernel(os.path.join(sys.argv[2], "raw")))):
@@ -474,11 +598,15 @@ def main():
     machine = open(os.path.join(raw, "machine.txt")).read() if os.path.exists(os.path.join(raw, "machine.txt")) else ""
     recheck = summarize_kernel({"recheck": load_recheck(raw)}).get("recheck", [])
     ac = auto_check(kernel, recheck)
+    llama = load_llama(raw)
+    lsum = summarize_llama(llama, runs)
     with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump({"decode": dec, "kernel": kernel, "crossovers": cross, "auto_check": ac}, f, indent=1)
+        json.dump({"decode": dec, "kernel": kernel, "crossovers": cross, "auto_check": ac, "llama_cpp": lsum}, f,
+                  indent=1)
     write_md(os.path.join(out, "summary.md"), machine, dec, kernel, cross, ac)
+    write_llama_md(os.path.join(out, "summary.md"), lsum)
     try:
-        made = plots(out, runs, sweeps, kernel)
+        made = plots(out, runs, sweeps, kernel) + plot_llama(out, llama, runs)
         print(f"study_plot: {len(made)} figures in {os.path.join(out, 'fig')}", file=sys.stderr)
     except ImportError:
         print("study_plot: matplotlib is missing: summary written, figures skipped", file=sys.stderr)
