@@ -156,7 +156,7 @@ void model_seeds(const std::string& dir) {
   f32_bpe.vocab = 1;
   write_file(dir + "/f32_bpe.gguf", model_file(f32_bpe));
 
-  ModelSeed q8;  // Q8_0 kept, untied, u64 counts, rope base and a partial rotation, SentencePiece with Llama 3
+  ModelSeed q8;  // Q8_0 matrices, untied, u64 counts, rope base and a partial rotation, SentencePiece with Llama 3
   q8.n_embd = 32;
   q8.n_head = 4;
   q8.n_head_kv = 2;
@@ -170,7 +170,7 @@ void model_seeds(const std::string& dir) {
   q8.vocab = 2;
   write_file(dir + "/q8_0_spm.gguf", model_file(q8));
 
-  ModelSeed q4 = q8;  // Q4_1 kept, two layers, no head_count_kv (no GQA), no vocabulary
+  ModelSeed q4 = q8;  // Q4_1 matrices, two layers, no head_count_kv (no GQA), no vocabulary
   q4.matrices = TensorType::Q4_1;
   q4.n_head = 2;
   q4.n_layer = 2;
@@ -181,7 +181,7 @@ void model_seeds(const std::string& dir) {
   q4.u64 = false;
   write_file(dir + "/q4_1.gguf", model_file(q4));
 
-  ModelSeed mixed = q4;  // Q4_0 matrices (dequantized at load), f16 norms
+  ModelSeed mixed = q4;  // Q4_0 matrices, f16 norms
   mixed.matrices = TensorType::Q4_0;
   mixed.norms = TensorType::F16;
   mixed.n_layer = 1;
