@@ -62,8 +62,9 @@ struct Served {
   llama::Model model;
   server::Engine engine;
   server::Api api;
+  // The f32 linear path, so that two greedy choices of one prompt are the same text (see test_server_engine.cpp).
   explicit Served(const char* path, const std::string& key)
-      : file(gguf::File::open(path)), tok(load_vocab(file)), model(llama::Model::load(file)),
+      : file(gguf::File::open(path)), tok(load_vocab(file)), model(llama::Model::load(file, llama::LinearPath::f32)),
         engine(model, tok, [] {
           server::EngineConfig c;
           c.attn = AttnMethod::cascade;
