@@ -38,17 +38,19 @@ def test_generate_returns_texts_tokens_and_timings(model):
     assert again.tokens == r.tokens  # same seed, same tokens
 
 
-def test_greedy_is_the_same_for_every_method(model):
-    runs = {m: model.generate("Once upon a time", n=2, max_tokens=8, temperature=0, attn=m, ignore_eos=True)
-            for m in ("cascade", "split", "unified", "auto")}
-    tokens = {m: r.tokens for m, r in runs.items()}
-    assert all(len(t) == 8 for t in tokens["cascade"])
-    assert tokens["split"] == tokens["cascade"] and tokens["unified"] == tokens["cascade"], tokens
-    assert tokens["auto"] == tokens["cascade"], tokens
+def test_greedy_repeats_itself_for_every_method(model):
+    # With int8 activations two methods' texts may part ways after some tokens (the README says why); each method,
+    # and auto with one profile, gives the same greedy text every time.
+    def greedy(m, **kw):
+        return model.generate("Once upon a time", n=2, max_tokens=8, temperature=0, attn=m, ignore_eos=True, **kw)
+    runs = {m: greedy(m) for m in ("cascade", "split", "unified", "auto")}
+    for m, r in runs.items():
+        assert all(len(t) == 8 for t in r.tokens), m
+        if m != "auto":
+            assert greedy(m).tokens == r.tokens, m
     assert isinstance(runs["auto"].cost_model, cascade.CostModel)
-    profile = runs["auto"].cost_model
-    r = model.generate("Once upon a time", n=2, max_tokens=8, temperature=0, attn="auto", cost_model=profile)
-    assert r.tokens == tokens["cascade"] and r.timings["calibrate_ms"] == 0
+    r = greedy("auto", cost_model=runs["auto"].cost_model)
+    assert r.tokens == runs["auto"].tokens and r.timings["calibrate_ms"] == 0
 
 
 def test_chat_and_context_limit(model):
