@@ -20,6 +20,7 @@
 #include "model/gguf.hpp"
 #include "model/kv_cache.hpp"
 #include "model/llama.hpp"
+#include "model/quant.hpp"
 #include "model/tokenizer.hpp"
 
 namespace {
