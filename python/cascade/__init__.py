@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import Optional, Sequence, Union
 
 from ._cascade import (  # noqa: F401  (re-exported)
@@ -69,7 +70,9 @@ class Generation:
     kv_tokens: int  # K/V tokens stored at the end (each copy counted)
     kv_bytes: int
     seed: int  # the sampling seed used (random when none was given)
-    cost_model: Optional[CostModel]  # attn='auto': the profile used (given or calibrated), else None
+    cost_model: Optional[CostModel]  # attn='auto': the profile used (given, cached or calibrated), else None
+    profile_source: Optional[str]  # where cost_model came from: "given", "cache" or "calibrated"; else None
+    profile_path: Optional[str]  # the cache file read or written, else None
 
 
 class Model:
@@ -113,13 +116,17 @@ class Model:
         batch_size: int = 512,
         kv_type: str = "float16",
         cost_model: Optional[CostModel] = None,
+        recalibrate: bool = False,
     ) -> Generation:
         """n continuations of each prompt, decoded in parallel with the attention method ``attn``
         ('auto', 'cascade', 'split' or 'unified'); prompts that share a beginning share it in the K/V cache.
 
         A sequence stops at an end-of-generation token (unless ignore_eos), after max_tokens tokens, or at
         the context's end (n_ctx positions, 0: the model's). temperature 0 is greedy; seed None draws one.
-        cost_model: auto's profile (CostModel), else auto calibrates once at the start (about 0.3 s).
+        cost_model: auto's profile (CostModel). Without one, auto reads this machine's profile from the cache
+        ($XDG_CACHE_HOME/cascade, else ~/.cache/cascade; the file cascade-generate uses) or, the first time,
+        calibrates it (about 0.3 s) and keeps it there; recalibrate=True measures it anew. A cache that
+        cannot be read or written is a RuntimeWarning, and the run calibrates for itself.
         The GIL is released while it runs; Ctrl-C (KeyboardInterrupt) stops it after the current decode step
         and leaves the model usable."""
         if isinstance(prompts, str):
@@ -130,8 +137,11 @@ class Model:
             raise ValueError(f"seed: expected an int in [0, 2**64), got {seed}")
         r = self._m.generate(
             list(prompts), n, max_tokens, temperature, top_k, top_p, min_p, seed, attn, chat, ignore_eos,
-            n_ctx, threads, batch_size, kv_type, cost_model,
+            n_ctx, threads, batch_size, kv_type, cost_model, recalibrate,
         )
+        note = r.pop("profile_note")
+        if note:
+            warnings.warn(f"cascade: {note}", RuntimeWarning, stacklevel=2)
         return Generation(**r)
 
     def __repr__(self) -> str:

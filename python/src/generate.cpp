@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "arrays.hpp"
+#include "cascade/cpu/profile_cache.hpp"
 #include "cascade/error.hpp"
 #include "model/chat.hpp"
 #include "model/generate.hpp"
@@ -50,6 +51,7 @@ struct GenerateArgs {
   int threads, batch_size;
   std::string kv_type;
   std::optional<CostModel> cost_model;
+  bool recalibrate;
 };
 
 GenerateParams params_of(const GenerateArgs& a) {
@@ -72,6 +74,10 @@ GenerateParams params_of(const GenerateArgs& a) {
     value_error("attn: ", e.what());
   }
   if (a.cost_model && p.attn != AttnMethod::auto_) value_error("cost_model: given with attn='", a.attn, "' (it is for 'auto')");
+  if (a.cost_model && a.recalibrate)
+    value_error("recalibrate: given with a cost_model (there is nothing to measure)");
+  if (a.recalibrate && p.attn != AttnMethod::auto_)
+    value_error("recalibrate: given with attn='", a.attn, "' (it is for 'auto')");
   p.kv_dtype = a.kv_type == "f32" || a.kv_type == "float32" ? DType::f32 : DType::f16;
   p.sampling.temp = a.temperature;
   p.sampling.top_k = a.top_k;
@@ -94,8 +100,25 @@ nb::dict generate_py(const PyModel& m, const GenerateArgs& a) {
   const Tokenizer& tok = *m.tok;
   GenerateResult r;
   std::vector<std::string> texts;
+  // auto's profile, when the run needs one and none was given: the per-machine cache's (cpu/profile_cache.hpp),
+  // else calibrated now and kept there, as cascade-generate does. A problem with the cache is a note (a
+  // RuntimeWarning on the Python side), never an error.
+  const char* profile_source = params.cost_model ? "given" : nullptr;
+  std::string profile_path, profile_note;
+  double calibrate_ms = 0;
   {
     nb::gil_scoped_release release;
+    if (!params.cost_model && params.attn == AttnMethod::auto_ && prompts.size() * size_t(params.n_parallel) >= 2) {
+      cpu::ProfileCacheOptions opt;
+      opt.recalibrate = a.recalibrate;
+      const cpu::CachedProfile c = cpu::calibrate_cached(params.n_threads, m.model->hparams().head_shape(),
+                                                         params.kv_dtype, opt);
+      params.cost_model = c.model;
+      profile_source = c.source == cpu::CachedProfile::Source::cache ? "cache" : "calibrated";
+      profile_path = c.path.string();
+      profile_note = c.note;
+      calibrate_ms = c.calibrate_s * 1e3;
+    }
     // After every decode step: take the GIL for a moment and let Python run its signal handlers; a
     // KeyboardInterrupt (Ctrl-C) raised there unwinds generate() as a C++ exception and reaches the caller.
     const auto on_step = [](int, const StepStat&) {
@@ -123,7 +146,7 @@ nb::dict generate_py(const PyModel& m, const GenerateArgs& a) {
   nb::dict timings;
   timings["prompt_ms"] = r.prompt_ms;
   timings["prompt_attn_ms"] = r.prompt_attn_ms;
-  timings["calibrate_ms"] = r.calibrate_ms;
+  timings["calibrate_ms"] = calibrate_ms + r.calibrate_ms;
   timings["decode_ms"] = decode_ms;
   timings["decode_attn_ms"] = attn_ms;
   timings["decode_plan_ms"] = plan_ms;
@@ -145,6 +168,9 @@ nb::dict generate_py(const PyModel& m, const GenerateArgs& a) {
   d["kv_bytes"] = r.kv_bytes;
   d["seed"] = params.sampling.seed;
   d["cost_model"] = r.cost_model ? nb::cast(*r.cost_model) : nb::none();
+  d["profile_source"] = profile_source ? nb::cast(std::string(profile_source)) : nb::none();
+  d["profile_path"] = profile_path.empty() ? nb::none() : nb::cast(profile_path);
+  d["profile_note"] = profile_note;
   return d;
 }
 
@@ -168,15 +194,16 @@ void bind_generate(nb::module_& m) {
           [](const PyModel& self, std::vector<std::string> prompts, int n, int max_tokens, float temperature,
              int top_k, float top_p, float min_p, std::optional<uint64_t> seed, std::string attn, bool chat,
              bool ignore_eos, int64_t n_ctx, int threads, int batch_size, std::string kv_type,
-             std::optional<CostModel> cost_model) {
+             std::optional<CostModel> cost_model, bool recalibrate) {
             return generate_py(self, GenerateArgs{std::move(prompts), n, max_tokens, temperature, top_p, min_p, top_k,
                                                   seed, std::move(attn), chat, ignore_eos, n_ctx, threads,
-                                                  batch_size, std::move(kv_type), std::move(cost_model)});
+                                                  batch_size, std::move(kv_type), std::move(cost_model),
+                                                  recalibrate});
           },
           nb::arg("prompts"), nb::arg("n"), nb::arg("max_tokens"), nb::arg("temperature"), nb::arg("top_k"),
           nb::arg("top_p"), nb::arg("min_p"), nb::arg("seed").none(), nb::arg("attn"), nb::arg("chat"),
           nb::arg("ignore_eos"), nb::arg("n_ctx"), nb::arg("threads"), nb::arg("batch_size"), nb::arg("kv_type"),
-          nb::arg("cost_model").none())
+          nb::arg("cost_model").none(), nb::arg("recalibrate"))
       .def("tokenize",
            [](const PyModel& self, const std::string& text, bool chat) { return encode(self, text, chat); },
            nb::arg("text"), nb::arg("chat") = false)

@@ -83,6 +83,18 @@ def default_scale(head_dim):
     return 1.0 / math.sqrt(head_dim)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_profile_cache(tmp_path_factory):
+    """auto's profiles go to a folder of the test run's own, never the user's ~/.cache/cascade."""
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if old is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
+
+
 @pytest.fixture(scope="session")
 def rng():
     seed = int.from_bytes(os.urandom(4), "little")

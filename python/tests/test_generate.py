@@ -1,6 +1,7 @@
 """Model.generate on the real SmolLM2-135M model (fetched by scripts/setup.sh; skipped without it)."""
 
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -51,6 +52,41 @@ def test_greedy_repeats_itself_for_every_method(model):
     assert isinstance(runs["auto"].cost_model, cascade.CostModel)
     r = greedy("auto", cost_model=runs["auto"].cost_model)
     assert r.tokens == runs["auto"].tokens and r.timings["calibrate_ms"] == 0
+
+
+def test_auto_profile_kept_in_the_cache(model, tmp_path, monkeypatch):
+    # The first auto run calibrates and keeps the profile; the next reads it (no calibration) and generates the
+    # same greedy text; recalibrate=True measures anew; a damaged file or a folder that cannot be written is a
+    # RuntimeWarning, and the run calibrates for itself.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    def greedy(**kw):
+        return model.generate("Once upon a time", n=2, max_tokens=4, temperature=0, ignore_eos=True, **kw)
+    first = greedy()
+    assert first.profile_source == "calibrated" and first.timings["calibrate_ms"] > 0
+    path = pathlib.Path(first.profile_path)
+    assert path.parent == tmp_path / "cascade" and path.is_file()
+    second = greedy()
+    assert second.profile_source == "cache" and second.profile_path == first.profile_path
+    assert second.timings["calibrate_ms"] == 0 and str(second.cost_model) == str(first.cost_model)
+    assert second.tokens == greedy(cost_model=first.cost_model).tokens
+    again = greedy(recalibrate=True)
+    assert again.profile_source == "calibrated" and again.timings["calibrate_ms"] > 0 and path.is_file()
+    assert greedy(attn="cascade").profile_source is None  # no profile needed
+    assert greedy(cost_model=first.cost_model).profile_source == "given"
+    path.write_text("not a profile\n")
+    with pytest.warns(RuntimeWarning, match="unusable"):
+        damaged = greedy()
+    assert damaged.profile_source == "calibrated" and greedy().profile_source == "cache"  # written anew
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # cascade/ cannot be made inside a file
+    with pytest.warns(RuntimeWarning, match="cannot keep the profile"):
+        alone = greedy()
+    assert alone.profile_source == "calibrated" and alone.profile_path is None
+    with pytest.raises(ValueError, match=r"^recalibrate: given with attn='cascade'"):
+        greedy(attn="cascade", recalibrate=True)
+    with pytest.raises(ValueError, match=r"^recalibrate: given with a cost_model"):
+        greedy(cost_model=first.cost_model, recalibrate=True)
 
 
 def test_chat_and_context_limit(model):
