@@ -117,7 +117,8 @@ Engine::Engine(const llama::Model& model, const Tokenizer& tok, EngineConfig con
   arena_ = std::make_unique<Arena>(cfg_.n_threads);
   tree_ = std::make_unique<TreeCache>(int(hp.n_layer), hp.head_shape(), cfg_.kv_dtype, cfg_.attn == AttnMethod::auto_);
   if (cfg_.attn == AttnMethod::auto_) {
-    if (!cfg_.cost_model) arena_->arena.execute([&] { cfg_.cost_model = calibrate(cfg_.n_threads, hp.head_shape()); });
+    if (!cfg_.cost_model)
+      arena_->arena.execute([&] { cfg_.cost_model = calibrate(cfg_.n_threads, hp.head_shape(), cfg_.kv_dtype); });
     tree_->set_cost_model(*cfg_.cost_model);
   }
   if (cfg_.attn == AttnMethod::unified) {

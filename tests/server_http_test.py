@@ -16,12 +16,15 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 SERVER, MODEL, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 120  # seconds any one request or wait may take on a loaded 2-core machine
+_cache = tempfile.TemporaryDirectory(prefix="cascade-server-test-")
+CACHE_DIR = _cache.name  # XDG_CACHE_HOME of every server a case starts
 
 
 def fail(msg):
@@ -37,8 +40,10 @@ class Server:
     """cascade-server started on an ephemeral port; stderr is collected by a thread."""
 
     def __init__(self, *args):
+        # auto's profile goes to a cache folder of this run's own, never the user's ~/.cache/cascade
+        env = dict(os.environ, XDG_CACHE_HOME=CACHE_DIR)
         self.proc = subprocess.Popen([SERVER, "-m", MODEL, "--port", "0", *args], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         self.lines = []
         self.port = None
         ready = threading.Event()
@@ -213,6 +218,15 @@ def case_openai():
             check(e.body["code"] == "model_not_found", f"error body {e.body}")
     finally:
         check(srv.stop() == 0, "exit code")
+    # --attn auto (the default) calibrated its profile at the first start and keeps it: the next start reads it.
+    first = next(line for line in srv.lines if "listening on" in line)
+    check("auto's profile calibrated in" in first, f"first start: {first!r}")
+    again = Server("-np", "8")
+    try:
+        line = next(line for line in again.lines if "listening on" in line)
+        check("auto's profile from the cache" in line, f"second start: {line!r}")
+    finally:
+        check(again.stop() == 0, "exit code")
 
 
 def case_bad_input():

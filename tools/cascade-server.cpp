@@ -30,6 +30,7 @@
 #include <string_view>
 #include <thread>
 
+#include "cascade/cpu/profile_cache.hpp"
 #include "cascade/error.hpp"
 #include "model/chat.hpp"
 #include "model/gguf.hpp"
@@ -56,9 +57,10 @@ constexpr const char* kUsage =
     "                          (default 256)\n"
     "  --queue N               requests waiting to start, at most; more get 503 (default 4 x -np)\n"
     "  --attn METHOD           auto (default: cascade, each shared span attended once for all the sequences\n"
-    "                          below it or folded into them, as a cost model calibrated at start predicts\n"
-    "                          faster), cascade, split (each sequence a copy of its prompt) or unified (one\n"
-    "                          buffer with masks, as llama.cpp)\n"
+    "                          below it or folded into them, as a cost model predicts faster; its profile\n"
+    "                          is calibrated once per machine and kept in the cache cascade-generate uses),\n"
+    "                          cascade, split (each sequence a copy of its prompt) or unified (one buffer\n"
+    "                          with masks, as llama.cpp)\n"
     "  --kv-budget MIB         K/V kept, cached prefixes included; unused cached prefixes are evicted least\n"
     "                          recently used first (default: 2 x -np x -c tokens' worth)\n"
     "  --kv-type TYPE          K/V storage: f16 (default) or f32\n"
@@ -180,6 +182,8 @@ std::string model_id(const Options& o) {
   return name;
 }
 
+std::string one_line(std::string s);
+
 int run(int argc, char** argv) {
   // SIGINT and SIGTERM are taken by sigwait below: every thread made from here on inherits the mask.
   sigset_t stop_signals;
@@ -202,6 +206,18 @@ int run(int argc, char** argv) {
   o.http.n_threads = o.http_threads > 0 ? o.http_threads : std::max(16, o.engine.n_parallel + o.engine.max_queue + 8);
   cascade::server::ApiConfig api_cfg{model_id(o), o.api_key, chat_template(o, tok)};
 
+  // auto's profile: this machine's from the per-machine cache cascade-generate keeps, else calibrated now and
+  // kept there (a problem with the cache is a note, never an error).
+  std::string profile;
+  if (o.engine.attn == cascade::AttnMethod::auto_ && !o.engine.cost_model) {
+    const cascade::cpu::CachedProfile c =
+        cascade::cpu::calibrate_cached(o.engine.n_threads, model.hparams().head_shape(), o.engine.kv_dtype);
+    if (!c.note.empty()) std::fprintf(stderr, "cascade-server: note: %s\n", one_line(c.note).c_str());
+    o.engine.cost_model = c.model;
+    profile = c.source == cascade::cpu::CachedProfile::Source::cache
+                  ? ", auto's profile from the cache"
+                  : ", auto's profile calibrated in " + std::to_string(int(c.calibrate_s * 1e3 + 0.5)) + " ms";
+  }
   cascade::server::Engine engine(model, tok, o.engine);
   cascade::server::Api api(engine, tok, api_cfg);
   cascade::server::HttpServer http(api, o.http);
@@ -214,10 +230,10 @@ int run(int argc, char** argv) {
   const auto& cfg = engine.config();
   std::fprintf(stderr,
                "cascade-server: listening on http://%s:%d (model %s, -np %d, -c %lld, --attn %s, K/V budget %.0f MiB, "
-               "%d threads)\n",
+               "%d threads%s)\n",
                o.http.host.c_str(), port, api_cfg.model_id.c_str(), cfg.n_parallel, static_cast<long long>(cfg.n_ctx),
                cascade::attn_method_name(cfg.attn), double(cfg.kv_budget) / (1 << 20),
-               cfg.n_threads > 0 ? cfg.n_threads : tbb::info::default_concurrency());
+               cfg.n_threads > 0 ? cfg.n_threads : tbb::info::default_concurrency(), profile.c_str());
   std::fflush(stderr);
 
   int sig = 0;
