@@ -85,7 +85,7 @@ for t in "${suites[@]}"; do
   # A hung suite counts as a failure: 15 minutes is several times what any of them takes.
   (cd build-tsan/tests && timeout 900 "./$t" "$@") >"build-tsan/$t.log" 2>&1 || rc=$?
   summary=$(grep -m1 'test cases:' "build-tsan/$t.log" | sed 's/^\[doctest\] *//' || true)
-  printf 'tsan: %-17s %4d s  %s\n' "$t" $((SECONDS - t0)) "${summary:-no summary (exit $rc)}"
+  printf 'tsan: %-18s %4d s  %s\n' "$t" $((SECONDS - t0)) "${summary:-no summary (exit $rc)}"
   if ((rc != 0)); then
     failed=1
     echo "tsan: $t failed (exit $rc); the end of build-tsan/$t.log:" >&2
