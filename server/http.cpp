@@ -82,8 +82,9 @@ struct HttpServer::Impl {
   void refuse(httplib::Response& res, int status, const char* what);
 };
 
-// An answer made here, before the API sees the request; the connection closes after it, since the rest of the body
-// (if any) was not read.
+// An answer made here, before the API sees the request, with `Connection: close`: the rest of the body (if any) was
+// not read. httplib 0.11 keeps the connection open on its side all the same; what the client still sends is read
+// as requests, each refused with 400, until it closes or the idle timeout.
 void HttpServer::Impl::refuse(httplib::Response& res, int status, const char* what) {
   api.count_status(status);
   res.status = status;
