@@ -239,7 +239,7 @@ uint64_t stress_seed() {
 
 }  // namespace
 
-TEST_CASE("server stress: clients stream, cancel and leave at random; answers are whole, greedy ones as alone") {
+TEST_CASE("server stress: clients stream, cancel and leave at random, answers are whole, greedy ones as alone") {
   const Tiny t;
   const uint64_t seed = stress_seed();
   std::printf("server stress: seed %llu (CASCADE_STRESS_SEED=%llu replays its choices)\n",
