@@ -12,8 +12,9 @@
 //   bit 6     a server that is draining (shutting down)
 //   bit 7     a streamed answer's client leaves after the first piece
 // Fine answers: 200, 400, 401, 404, 405, and 503 from the draining server only, each with a well-formed body (an
-// OpenAI error object for every error but /health's 503, which says {"status": "shutting down"}). A crash, UB, an exception, a 5xx otherwise, a malformed body or a stream
-// that does not end with [DONE], a choice count other than `n`, or K/V left behind by a request that ended is not.
+// OpenAI error object for every error but /health's 503, which says {"status": "shutting down"}). A crash, UB, an
+// exception, a 5xx otherwise, a malformed body or a stream that does not end with [DONE], a choice count other than
+// `n`, or K/V left behind by a request that ended is not.
 #include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
 
 #include <nlohmann/json.hpp>

@@ -6,8 +6,8 @@
 Cases: openai (the official client: completions and chat, streamed and not, n > 1), bad_input (raw HTTP: every
 bad-input row gets its status and an OpenAI error object, and nothing else changes), auth, overload, shared_prompt
 (16 concurrent clients sharing a 1,000-token system prompt), disconnect, shutdown, exhaustion (idle connections,
-bodies at and over --max-body, more streams than -np; threads, open files and memory stay bounded). Each case starts its own server
-on an ephemeral port; every wait is bounded in count and time.
+bodies at and over --max-body, more streams than -np; threads, open files and memory stay bounded). Each case starts
+its own server on an ephemeral port; every wait is bounded in count and time.
 """
 import gzip
 import http.client
