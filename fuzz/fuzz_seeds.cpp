@@ -9,6 +9,9 @@
 //                                              and untied outputs, GQA and not, u32 and u64 counts, with a
 //                                              byte-level BPE or a SentencePiece vocabulary (ChatML / Llama 3
 //                                              template) of as many tokens as token_embd has rows, or none
+//                            OUT_DIR/request/*  requests in fuzz_request's format (a selector byte, then the body):
+//                                              completions and chats, whole and streamed, with every sampling
+//                                              field, token-id prompts, stop strings; the GET endpoints
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -292,6 +295,34 @@ void plan_seeds(const std::string& dir) {
   put(bad);
 }
 
+// fuzz_request's inputs: the selector byte (fuzz_request.cpp) and a body.
+void request_seeds(const std::string& dir) {
+  int k = 0;
+  const auto put = [&](uint8_t sel, const std::string& body) {
+    std::string b(1, char(sel));
+    b += body;
+    write_file(dir + "/" + std::to_string(k++), b.data(), b.size());
+  };
+  put(0, R"({"model":"tiny","prompt":"hello world","max_tokens":8,"temperature":0})");
+  put(0, R"({"prompt":[1,2,3,4],"max_tokens":6,"n":3,"temperature":0.7,"top_p":0.9,"top_k":5,"min_p":0.1,)"
+         R"("seed":42,"stop":["he","ll"],"ignore_eos":true})");
+  put(0, R"({"prompt":["hello"],"max_tokens":4,"stream":true,"stream_options":{"include_usage":true},"seed":7})");
+  put(0x80, R"({"prompt":"hello hello hello","max_tokens":20,"stream":true,"n":2})");
+  put(0, R"({"prompt":"hello","max_tokens":0,"logprobs":null,"echo":false,"best_of":1,"user":"u"})");
+  put(1, R"({"model":"tiny","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello"}],)"
+         R"("max_completion_tokens":6,"temperature":0})");
+  put(1, R"({"messages":[{"role":"developer","content":[{"type":"text","text":"hi"}]},{"role":"user",)"
+         R"("content":"who"},{"role":"assistant"},{"role":"user","content":"ok"}],"max_tokens":5,"stream":true,)"
+         R"("response_format":{"type":"text"},"n":2,"seed":3})");
+  put(1 | 0x10 | 0x20, R"({"messages":[{"role":"user","content":"hello"}],"max_tokens":3,"stop":"l"})");
+  put(0 | 0x10, R"({"prompt":"hello","max_tokens":3})");
+  put(0 | 0x40, R"({"prompt":"hello","max_tokens":3})");
+  put(0 | 0x08, "");
+  for (uint8_t p = 2; p < 8; ++p) put(p, p == 6 ? "tiny" : "");
+  put(0, R"({"prompt":"hello","max_tokens":64})");  // does not fit the context with its prompt
+  put(0, R"({"prompt":"hello",)");                  // malformed
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -302,11 +333,12 @@ int main(int argc, char** argv) {
   try {
     const std::string out = argv[1];
     make_dir(out);
-    for (const char* sub : {"/gguf", "/tokenizer", "/plan", "/model"}) make_dir(out + sub);
+    for (const char* sub : {"/gguf", "/tokenizer", "/plan", "/model", "/request"}) make_dir(out + sub);
     gguf_seeds(out + "/gguf");
     tokenizer_seeds(out + "/tokenizer", CASCADE_TESTDATA_DIR "/tokenizer");
     plan_seeds(out + "/plan");
     model_seeds(out + "/model");
+    request_seeds(out + "/request");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fuzz_seeds: %s\n", e.what());
     return 1;

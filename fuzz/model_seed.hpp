@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,9 @@ struct ModelSeed {
   int vocab = 0;  // 0 none, 1 byte-level BPE, 2 SentencePiece
   int vocab_tokens = 0;        // tokens in the vocabulary; 0: n_vocab (a valid model)
   uint64_t block_count = 0;    // llama.block_count as written; 0: n_layer (a valid model)
+  int n_ctx = 64;              // llama.context_length
+  uint32_t random = 0;         // nonzero: f32 tensors drawn uniformly from [-1, 1] with this seed instead of the
+                               // pattern (tests that compare greedy texts want logits without its regularity)
 };
 
 // A byte-level BPE vocabulary of n >= 13 tokens: single letters, a few merges of them, ChatML specials last.
@@ -118,7 +122,7 @@ inline std::vector<uint8_t> model_file(const ModelSeed& s) {
     else w.set_u32(key, uint32_t(v));
   };
   const int head_dim = s.n_embd / s.n_head;
-  count("llama.context_length", 64);
+  count("llama.context_length", uint64_t(s.n_ctx));
   count("llama.embedding_length", uint64_t(s.n_embd));
   count("llama.block_count", s.block_count ? s.block_count : uint64_t(s.n_layer));
   count("llama.feed_forward_length", uint64_t(s.n_ff));
@@ -130,8 +134,16 @@ inline std::vector<uint8_t> model_file(const ModelSeed& s) {
   const int n_tokens = s.vocab_tokens ? s.vocab_tokens : s.n_vocab;
   if (s.vocab == 1) put_bpe_vocab(w, n_tokens);
   if (s.vocab == 2) put_spm_vocab(w, n_tokens);
+  std::mt19937 rng(s.random);
   const auto tensor = [&](const std::string& name, TensorType t, std::vector<int64_t> ne) {
-    const std::vector<uint8_t> b = tensor_bytes(t, ne);
+    std::vector<uint8_t> b = tensor_bytes(t, ne);
+    if (s.random && t == TensorType::F32) {
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      for (size_t k = 0; k + 4 <= b.size(); k += 4) {
+        const float x = u(rng);
+        std::memcpy(&b[k], &x, 4);
+      }
+    }
     w.add_tensor(name, t, std::move(ne), b.data());
   };
   const int64_t d = s.n_embd, dq = int64_t(s.n_head) * head_dim, dkv = int64_t(s.n_head_kv) * head_dim;

@@ -17,7 +17,7 @@
 # build-fuzz/fuzz/fuzz_TARGET FILE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-all_targets=(gguf tokenizer plan model)
+all_targets=(gguf tokenizer plan model request)
 usage() {
   echo "usage: scripts/fuzz.sh [SECONDS_PER_TARGET]" >&2
   echo "       scripts/fuzz.sh --campaign [--runs N] [--time SECONDS] [--corpus DIR] [TARGET...]" >&2

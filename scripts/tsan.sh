@@ -7,6 +7,8 @@
 #   test_concurrency  attend, forward passes over one model and one tokenizer, from several plain threads at once
 #   test_attention    attend's own work items on oneTBB's threads, and attend called from parallel tasks
 #   test_llama        the forward pass (matrix rows split over threads) and the KV cache's three methods
+#   test_server_stress  the server's engine loop and API under client threads that stream, cancel and leave at
+#                     random (a tiny model, a few seconds)
 #
 # oneTBB. Debian's libtbb is not instrumented: the scheduler's synchronization happens inside it, where
 # ThreadSanitizer cannot see it, so every parallel_for reports races between a task and the thread that waits for
@@ -67,7 +69,7 @@ san="-fsanitize=thread"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=g++ -DCMAKE_CXX_FLAGS="-O1 -g $san" \
   -DCMAKE_EXE_LINKER_FLAGS="$san" -DTBB_DIR="$tbb_prefix/lib/cmake/TBB" \
   -DCASCADE_BUILD_BENCH=OFF -DCASCADE_BUILD_TOOLS=OFF -DCASCADE_CUDA=OFF >/dev/null
-suites=(test_concurrency test_attention test_llama)
+suites=(test_concurrency test_attention test_llama test_server_stress)
 cmake --build build-tsan -j2 --target "${suites[@]}"
 if ldd build-tsan/tests/test_attention | grep -q '/libtbb.so' &&
    ! ldd build-tsan/tests/test_attention | grep -q "$tbb_prefix/lib/libtbb.so"; then
@@ -83,7 +85,7 @@ for t in "${suites[@]}"; do
   # A hung suite counts as a failure: 15 minutes is several times what any of them takes.
   (cd build-tsan/tests && timeout 900 "./$t" "$@") >"build-tsan/$t.log" 2>&1 || rc=$?
   summary=$(grep -m1 'test cases:' "build-tsan/$t.log" | sed 's/^\[doctest\] *//' || true)
-  printf 'tsan: %-17s %4d s  %s\n' "$t" $((SECONDS - t0)) "${summary:-no summary (exit $rc)}"
+  printf 'tsan: %-18s %4d s  %s\n' "$t" $((SECONDS - t0)) "${summary:-no summary (exit $rc)}"
   if ((rc != 0)); then
     failed=1
     echo "tsan: $t failed (exit $rc); the end of build-tsan/$t.log:" >&2

@@ -78,11 +78,22 @@ struct HttpServer::Impl {
   httplib::Server svr;
   std::atomic<bool> in_run{false}, stopped{false};
   Impl(Api& a, HttpConfig c) : api(a), cfg(std::move(c)) {}
-  void serve(const httplib::Request& req, httplib::Response& res);
+  void serve(const httplib::Request& req, const std::string& body, httplib::Response& res);
+  void refuse(httplib::Response& res, int status, const char* what);
 };
 
-void HttpServer::Impl::serve(const httplib::Request& req, httplib::Response& res) {
-  Reply r = api.handle(req.method, req.path, req.get_header_value("Authorization"), req.body);
+// An answer made here, before the API sees the request, with `Connection: close`: the rest of the body (if any) was
+// not read. httplib 0.11 keeps the connection open on its side all the same; what the client still sends is read
+// as requests, each refused with 400, until it closes or the idle timeout.
+void HttpServer::Impl::refuse(httplib::Response& res, int status, const char* what) {
+  api.count_status(status);
+  res.status = status;
+  res.set_header("Connection", "close");
+  res.set_content(error_json(status, what), "application/json");
+}
+
+void HttpServer::Impl::serve(const httplib::Request& req, const std::string& body, httplib::Response& res) {
+  Reply r = api.handle(req.method, req.path, req.get_header_value("Authorization"), body);
   for (const auto& [k, v] : r.headers) res.set_header(k, v);
   if (!r.pending) {
     res.status = r.status;
@@ -130,13 +141,46 @@ HttpServer::HttpServer(Api& api, HttpConfig config) : impl_(std::make_unique<Imp
   svr.set_keep_alive_timeout(c.keep_alive_s);
   svr.set_keep_alive_max_count(1000);
   Impl* impl = impl_.get();
-  const auto handler = [impl](const httplib::Request& req, httplib::Response& res) { impl->serve(req, res); };
-  svr.Get(".*", handler);
-  svr.Post(".*", handler);
-  svr.Put(".*", handler);
-  svr.Patch(".*", handler);
-  svr.Delete(".*", handler);
-  svr.Options(".*", handler);
+  // Bodies are read here, bounded by max_body as they arrive (decompressed, when a Content-Encoding is given):
+  // httplib checks its payload limit against Content-Length only, so a chunked or compressed body would otherwise
+  // be read whole, however large.
+  const auto with_body = [impl](const httplib::Request& req, httplib::Response& res,
+                                const httplib::ContentReader& read) {
+    std::string body;
+    bool too_large = false;
+    const size_t max_body = impl->cfg.max_body;
+    const bool ok = read([&](const char* data, size_t n) {
+      if (n > max_body - body.size()) {
+        too_large = true;
+        return false;
+      }
+      body.append(data, n);
+      return true;
+    });
+    if (too_large || (!ok && res.status == 413)) return impl->refuse(res, 413, "the request body is too large");
+    if (!ok) return impl->refuse(res, 400, "the request body could not be read");
+    impl->serve(req, body, res);
+  };
+  const auto without_body = [impl](const httplib::Request& req, httplib::Response& res) {
+    impl->serve(req, req.body, res);
+  };
+  // Methods httplib reads a body for without a content reader (GET, OPTIONS): a chunked or compressed body is
+  // refused before it is read; one with a Content-Length is bounded by httplib's payload limit.
+  svr.set_pre_routing_handler([impl](const httplib::Request& req, httplib::Response& res) {
+    const bool takes_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+                            req.method == "DELETE";
+    if (!takes_body && (req.has_header("Transfer-Encoding") || req.has_header("Content-Encoding"))) {
+      impl->refuse(res, 400, "this method takes no chunked or compressed body");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  svr.Get(".*", without_body);
+  svr.Post(".*", with_body);
+  svr.Put(".*", with_body);
+  svr.Patch(".*", with_body);
+  svr.Delete(".*", with_body);
+  svr.Options(".*", without_body);
   // Answers httplib makes itself (413, 400 for a request it cannot parse): an OpenAI error object too.
   const httplib::Server::HandlerWithResponse on_error = [impl](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;

@@ -5,9 +5,11 @@
 
 Cases: openai (the official client: completions and chat, streamed and not, n > 1), bad_input (raw HTTP: every
 bad-input row gets its status and an OpenAI error object, and nothing else changes), auth, overload, shared_prompt
-(16 concurrent clients sharing a 1,000-token system prompt), disconnect, shutdown. Each case starts its own server
-on an ephemeral port; every wait is bounded in count and time.
+(16 concurrent clients sharing a 1,000-token system prompt), disconnect, shutdown, exhaustion (idle connections,
+bodies at and over --max-body, more streams than -np; threads, open files and memory stay bounded). Each case starts
+its own server on an ephemeral port; every wait is bounded in count and time.
 """
+import gzip
 import http.client
 import json
 import os
@@ -464,6 +466,175 @@ def case_shutdown():
     check(usage["completion_tokens"] == 40 and text, f"the stream finished: {usage}")
     check(srv.proc.wait(TIMEOUT) == 0, "exit code after SIGTERM")
     check(any("every request finished" in line for line in srv.lines), "".join(srv.lines))
+
+
+def proc_stats(pid):
+    """The server's threads, open file descriptors and resident memory (MiB)."""
+    stats = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("Threads", "VmRSS"):
+                stats[key] = int(value.split()[0])
+    return {"threads": stats["Threads"], "fds": len(os.listdir(f"/proc/{pid}/fd")), "rss_mib": stats["VmRSS"] / 1024}
+
+
+def case_exhaustion():
+    # A small pool and small limits, so that every bound is reached within a few seconds.
+    n_threads, idle_s, max_body = 16, 1, 65536
+    srv = Server("-np", "2", "--queue", "2", "--attn", "cascade", "-t", "2", "--http-threads", str(n_threads),
+                 "--idle-timeout", str(idle_s), "--read-timeout", "2", "--max-body", str(max_body))
+    C = "/v1/completions"
+    hello = {"prompt": "Hello, my name is", "max_tokens": 4, "temperature": 0}
+    try:
+        status, _, data = srv.request("POST", C, hello)  # the first request's allocations are made
+        check(status == 200, f"a first request: {status} {data[:200]!r}")
+        time.sleep(0.5)  # the first request's connection is closed on the server's side too
+        base = proc_stats(srv.proc.pid)
+        print(f"exhaustion: at rest {base}")
+        worst = dict(base)
+
+        def sample():
+            for k, v in proc_stats(srv.proc.pid).items():
+                worst[k] = max(worst[k], v)
+
+        # 1. Idle connections: 200 that never send a byte, opened one after another. The server takes one per thread
+        #    and 64 more into its backlog; then the listener waits and the kernel's listen queue (5) fills, after
+        #    which new handshakes are dropped or answered with SYN cookies the full queue then drops: those clients
+        #    hold nothing of the server. Each thread drops its idle connection after --idle-timeout, so another
+        #    client is served within about (connections ahead of it / threads) idle timeouts.
+        n_idle, dropped = 200, 0
+        idle = []
+        t0 = time.time()
+        for _ in range(n_idle):
+            s = socket.socket()
+            s.settimeout(0.2)
+            try:
+                s.connect(("127.0.0.1", srv.port))
+                idle.append(s)
+            except OSError:  # dropped: the queues are full
+                s.close()
+                dropped += 1
+                if dropped == 3:
+                    break
+            # Paced: the next one once the server took this one; it stops taking them when its pool and backlog are
+            # full (or, on a loaded machine, sooner: the first ones are dropped after --idle-timeout meanwhile).
+            wait_until = time.time() + 1
+            while proc_stats(srv.proc.pid)["fds"] < base["fds"] + len(idle) and time.time() < wait_until:
+                time.sleep(0.002)
+            if time.time() >= wait_until:
+                break
+        opened = time.time() - t0
+        time.sleep(0.05)
+        sample()
+        check(worst["fds"] >= base["fds"] + n_threads,
+              f"{len(idle)} idle connections opened in {opened:.2f} s, but the server holds few: {worst}")
+        t0 = time.time()
+        status, _, data = srv.request("POST", C, hello)
+        waited = time.time() - t0
+        sample()
+        check(status == 200, f"a request beside {len(idle)} idle connections: {status} {data[:200]!r}")
+        print(f"exhaustion: a request beside {len(idle)} idle connections (opened in {opened:.1f} s, {dropped} more "
+              f"dropped) answered in {waited:.1f} s; worst {worst}")
+        check(waited < TIMEOUT, "took too long")
+        for s in idle:
+            s.close()
+
+        # 2. Bodies at and over --max-body: at the limit (padded with JSON whitespace) it is served; one byte over,
+        #    or far over, or chunked without a length, is 413 with an error object; nothing crashes.
+        small = json.dumps(hello).encode()
+        at_limit = small[:-1] + b" " * (max_body - len(small)) + b"}"
+        check(len(at_limit) == max_body, "padding")
+        status, _, data = srv.request("POST", C, at_limit)
+        check(status == 200 and json.loads(data)["choices"], f"a body of exactly --max-body: {status} {data[:200]!r}")
+        for size in (max_body + 1, 16 * max_body):
+            body = small[:-1] + b" " * (size - len(small)) + b"}"
+            try:
+                status, _, data = srv.request("POST", C, body)
+                check(status == 413 and "error" in json.loads(data), f"a body of {size} bytes: {status} {data[:100]!r}")
+            except (ConnectionResetError, BrokenPipeError):
+                pass  # the server answered 413 and closed while the client was still sending
+        # Chunked, and gzip-compressed (1 KiB on the wire, 1 MiB inflated): bounded as they are read, not after.
+        piece = b" " * 8192
+        chunked = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(2 * max_body // len(piece)))
+        bomb = gzip.compress(small[:-1] + b" " * (1 << 20) + b"}")
+        for method, headers, payload, want in [
+                ("POST", b"Transfer-Encoding: chunked\r\n", chunked + b"0\r\n\r\n", b"413"),
+                ("POST", b"Content-Encoding: gzip\r\nContent-Length: %d\r\n" % len(bomb), bomb, b"413"),
+                ("GET", b"Transfer-Encoding: chunked\r\n", chunked + b"0\r\n\r\n", b"400")]:
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=TIMEOUT)
+            try:
+                s.sendall(method.encode() + b" " + C.encode() + b" HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n" +
+                          payload)
+            except (ConnectionResetError, BrokenPipeError):
+                pass
+            reply = b""
+            while chunk := s.recv(4096):  # the server closes the connection after its answer
+                reply += chunk
+            s.close()
+            check(reply.startswith(b"HTTP/1.1 " + want) and b'"error"' in reply,
+                  f"{method} {headers!r}: {reply[:300]!r}")
+        status, _, data = srv.request("POST", C, hello)
+        check(status == 200, f"a request after the oversized ones: {status} {data[:200]!r}")
+        sample()
+
+        # 3. More streams than -np + --queue at once: each is served to [DONE] or refused with 503 and Retry-After.
+        n_streams = 10
+        results = [None] * n_streams
+
+        def stream(i):
+            body = {"prompt": f"Story {i}: once upon a time", "max_tokens": 16, "ignore_eos": True, "stream": True}
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=TIMEOUT)
+                conn.request("POST", C, body=json.dumps(body), headers={"Content-Type": "application/json"})
+                r = conn.getresponse()
+                data = r.read().decode()
+                results[i] = (r.status, r.getheader("Retry-After"), data)
+                conn.close()
+            except Exception as e:  # noqa: BLE001 - reported below
+                results[i] = (None, None, repr(e))
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(n_streams)]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            sample()
+            time.sleep(0.05)
+        served = 0
+        for status, retry, data in results:
+            if status == 200:
+                events = [line[6:] for line in data.splitlines() if line.startswith("data: ")]
+                check(events and events[-1] == "[DONE]", f"a stream ended with {events[-2:]}")
+                check(json.loads(events[-2])["usage"]["completion_tokens"] == 16, "a stream's usage")
+                served += 1
+            else:
+                check(status == 503 and retry, f"a stream beyond the queue: {status} {data[:200]!r}")
+        print(f"exhaustion: {n_streams} streams at once with -np 2 --queue 2: {served} served, "
+              f"{n_streams - served} refused with 503")
+        check(served >= 2, "fewer streams served than -np")
+        srv.wait_idle()
+        sample()
+        end = proc_stats(srv.proc.pid)
+        for _ in range(50):  # the last closed connections' descriptors go once their threads notice
+            if end["fds"] <= base["fds"] + 2:
+                break
+            time.sleep(0.1)
+            end = proc_stats(srv.proc.pid)
+        print(f"exhaustion: at the end {end}; worst {worst}")
+        # Bounded: the pool's threads were all made at start; the descriptors by the threads, the backlog (64) and
+        # the listen queue; memory by what the requests needed, not by the connections.
+        # (Threads: oneTBB may still start a worker or two on demand. Memory: under AddressSanitizer freed blocks
+        # wait in its quarantine, up to 256 MiB.)
+        sanitized = b"libasan" in subprocess.run(["ldd", SERVER], capture_output=True).stdout
+        check(worst["threads"] <= base["threads"] + 2, f"threads grew from {base['threads']} to {worst['threads']}")
+        check(worst["fds"] <= base["fds"] + n_threads + 64 + 16, f"open descriptors grew to {worst['fds']}")
+        check(worst["rss_mib"] <= base["rss_mib"] + (64 + 256 if sanitized else 64),
+              f"resident memory grew from {base['rss_mib']:.0f} MiB to {worst['rss_mib']:.0f} MiB")
+        check(end["fds"] <= base["fds"] + 2, f"descriptors left open: {base['fds']} -> {end['fds']}")
+        check(srv.stop() == 0, "exit code")
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}

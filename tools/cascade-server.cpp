@@ -4,7 +4,8 @@
 //
 //   cascade-server [-m MODEL.gguf] [--host H] [--port P] [-np N] [-c N] [-t N] [-b N] [--queue N]
 //                  [--attn auto|cascade|split|unified] [--kv-budget MIB] [--kv-type f16|f32] [--api-key KEY]
-//                  [--chat-template chatml|llama3|FILE] [--alias NAME] [--http-threads N] [--shutdown-timeout S]
+//                  [--chat-template chatml|llama3|FILE] [--alias NAME] [--http-threads N] [--max-body BYTES]
+//                  [--read-timeout S] [--idle-timeout S] [--shutdown-timeout S]
 //
 // stderr: one line when listening (`cascade-server: listening on http://HOST:PORT ...`), one when stopping.
 // SIGINT or SIGTERM: stop taking new requests (503), let running ones finish for up to --shutdown-timeout
@@ -67,7 +68,11 @@ constexpr const char* kUsage =
     "  --api-key KEY           require `Authorization: Bearer KEY` (all endpoints but /health)\n"
     "  --chat-template NAME    chatml, llama3, or a file holding a template to recognize (default: the model's)\n"
     "  --alias NAME            the model's name in the API (default: the file's name without .gguf)\n"
-    "  --http-threads N        connections served at once (default -np + --queue + 8, at least 16)\n"
+    "  --http-threads N        connections served at once (default -np + --queue + 8, at least 16); 64 more\n"
+    "                          wait for a thread, the rest in the kernel's listen queue\n"
+    "  --max-body BYTES        largest request body; larger ones get 413 (default 4194304)\n"
+    "  --read-timeout S        seconds a request's bytes may take to arrive (default 10)\n"
+    "  --idle-timeout S        seconds an idle connection is kept open (default 5)\n"
     "  --shutdown-timeout S    on SIGINT/SIGTERM, seconds running requests may take to finish (default 30)\n";
 
 struct Options {
@@ -135,6 +140,12 @@ std::optional<Options> parse_args(int argc, char** argv) {
       CASCADE_CHECK(!o.alias.empty(), "--alias needs a name");
     } else if (a == "--http-threads") {
       o.http_threads = int(parse_int(a, value(), 1, 4096));
+    } else if (a == "--max-body") {
+      o.http.max_body = size_t(parse_int(a, value(), 1, int64_t(1) << 30));
+    } else if (a == "--read-timeout") {
+      o.http.read_timeout_s = int(parse_int(a, value(), 1, 3600));
+    } else if (a == "--idle-timeout") {
+      o.http.keep_alive_s = int(parse_int(a, value(), 1, 3600));
     } else if (a == "--shutdown-timeout") {
       o.shutdown_s = int(parse_int(a, value(), 0, 24 * 3600));
     } else if (a == "-h" || a == "--help") {
