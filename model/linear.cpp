@@ -95,6 +95,9 @@ namespace detail {
 
 // d = amax / 127 and q = round-to-nearest-even(x * (127 / amax)): two correctly rounded f32 operations, so
 // every path that follows them gets the same codes. |x * (127 / amax)| <= 127 (1 + 2^-23) rounds to at most 127.
+// A block whose amax is below 2^-100 is first scaled by 2^100 (exact: no value overflows or loses a bit), since
+// 127 / amax overflows to infinity for amax < 127 / FLT_MAX (about 3.7e-37): every nonzero code would be +-127
+// and a zero would be 0 * inf = NaN. After scaling, amax >= 2^-149 * 2^100 and 127 / amax <= 2^56.
 // Non-finite inputs give unspecified (but in-range) codes.
 void quantize_row(const float* x, int64_t n_in, int8_t* q, float* d, float* s16, float* s32) {
   for (int64_t b = 0; b < n_in / 32; ++b) {
@@ -102,10 +105,11 @@ void quantize_row(const float* x, int64_t n_in, int8_t* q, float* d, float* s16,
     float amax = 0;
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
     const float db = amax / 127.0f;
-    const float id = amax > 0 ? 127.0f / amax : 0.0f;
+    const float pre = amax < kTinyBlock ? kTinyScale : 1.0f;
+    const float id = amax > 0 ? 127.0f / (amax * pre) : 0.0f;
     int sum[2] = {0, 0};
     for (int j = 0; j < 32; ++j) {
-      float v = xb[j] * id;
+      float v = (xb[j] * pre) * id;
       v = v >= 127.0f ? 127.0f : v <= -127.0f ? -127.0f : v;
       if (!(v == v)) v = 0;  // NaN
       const int c = static_cast<int>(std::nearbyint(v));
