@@ -198,5 +198,6 @@ TEST_CASE("regression: model: products of subnormal f32 weights are within the r
   const cascade::llama::Weights& w = m.weights();
   check(w.tok_embd, "token_embd");
   for (const cascade::llama::Layer& l : w.layers)
-    for (const auto* p : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) check(*p, "a layer's matrix");
+    for (const auto* p : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down})
+      check(*p, "a layer's matrix");
 }
