@@ -257,12 +257,13 @@ void matmul_f32(const Matrix& w, const float* x, int64_t n, float* y) {
 //
 // Underflow. Below 2^-126 f32 has subnormals spaced 2^-149 apart, and a product or an FMA whose exact result
 // lies there is rounded with an absolute error of up to eta = 2^-150 instead of a relative one:
-// fl(a b) = a b (1 + delta) + eta (Higham 2.1; a sum or difference that lands there is exact). The relative
-// bound alone is then wrong: f32 weights of about 2.3e-41 times activations of 0.625 and 0.375 give products of
-// 10242.5 and 6148.5 times 2^-149, each rounded by half a step, and an output of 67581 * 2^-149 comes out as
-// 67580 * 2^-149 (off by 1.4e-45) where gamma(m + 2) sum |t_j| is 2.3e-46. Each eta is carried to the result by
-// at most m further roundings, (1 + u)^m < 2, so every place a product can underflow adds 2 eta = 2^-149 times
-// what multiplies its error afterwards:
+// fl(a b) = a b (1 + delta) + eta, delta eta = 0 (the standard model with gradual underflow; a sum or difference
+// that lands there is exact, so only products and FMAs add an eta). The relative bound alone is then wrong: f32
+// weights of about 2.3e-41 times activations of 0.625 and 0.375 give products of 10242.5 and 6148.5 times 2^-149,
+// each rounded by half a step, and an output of 67581 * 2^-149 comes out as 67580 * 2^-149 (off by 1.4e-45)
+// where gamma(m + 2) sum |t_j| is 2.3e-46. Each eta is carried to the result by at most m further roundings,
+// (1 + u)^m < 2, so every place a product can underflow adds 2 eta = 2^-149 times what multiplies its error
+// afterwards:
 //   float: one product or FMA per term:                                        n_in * 2^-149
 //   int8:  per group, scale d (times the partial sums of code * q it scales: at most sum |code * q|), s (times
 //          |offset|), and the products and FMAs that add the group (one per lane it covers, at most G / 4, and
