@@ -4,8 +4,10 @@
 // exception is not, and neither is a model that loads but is not the model its file describes:
 //   - every weight has the shape the hyperparameters promise (rows, columns, bytes of its blocks);
 //   - the tokenizer, when the file has one, has as many tokens as token_embd has rows;
-//   - small models only (kMaxWeights): one forward pass of two tokens (the first and the last id) through a
-//     TreeCache gives one row of n_vocab logits, on the quantized and on the f32 path.
+//   - small models only (kMaxWeights): every matrix multiplied on the linear path the CPU runs agrees with
+//     linear::reference within its bound (where the file's scales keep the numbers finite), and one forward
+//     pass of two tokens (the first and the last id) through a TreeCache gives one row of n_vocab logits, on
+//     the quantized and on the f32 path.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +21,7 @@
 #include "model/chat.hpp"
 #include "model/gguf.hpp"
 #include "model/kv_cache.hpp"
+#include "model/linear.hpp"
 #include "model/llama.hpp"
 #include "model/quant.hpp"
 #include "model/tokenizer.hpp"
@@ -30,7 +33,8 @@ using llama::Hparams;
 using llama::Linear;
 using llama::Model;
 
-// Budgets per input: weights (values) of a model that is run twice; context length is free.
+// Budgets per input: weights (values) of a model whose matrices are checked and which is run twice; context length
+// is free.
 constexpr int64_t kMaxWeights = int64_t(1) << 18;
 
 [[noreturn]] void fail(const std::string& what) {
@@ -78,6 +82,49 @@ int64_t check_shapes(const Model& m) {
   }
   const int64_t per_layer = 2 * d + 2 * d * dq + 2 * d * dkv + 3 * d * hp.n_ff;
   return d * hp.n_vocab * (w.tied ? 1 : 2) + d + hp.n_layer * per_layer;
+}
+
+// X W^T on the CPU's linear path against linear::reference, for two rows of X of moderate values and two of the
+// same times 2^-140, 2^-120, 2^-60 or 2^20 per block of 32 (subnormal, tiny and large activations); outputs whose
+// reference or bound is not finite or beyond 1e30 (the file's scales may be anything) are skipped.
+void check_product(const Linear& w, const std::string& name) {
+  const int64_t n = 4;
+  std::vector<float> x(size_t(n * w.n_in));
+  const int exps[] = {-140, -120, -60, 20};
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float v = float(int(i * 37 % 19) - 9) * 0.125f;
+    x[i] = i < size_t(2 * w.n_in) ? v : std::ldexp(v, exps[(i / 32) % 4]);
+  }
+  const linear::Input in(x.data(), n, w.n_in);
+  std::vector<float> y(size_t(n * w.n_out));
+  linear::matmul(w, in, y.data());
+  std::vector<double> ref, bound;
+  linear::reference(w, in, linear::active_path(), ref, bound);
+  for (size_t i = 0; i < y.size(); ++i) {
+    if (!std::isfinite(ref[i]) || !std::isfinite(bound[i]) || std::fabs(ref[i]) + bound[i] > 1e30) continue;
+    if (!(std::fabs(double(y[i]) - ref[i]) <= bound[i])) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf, ": %s %lld x %lld on %s, output %zu: %.9g, reference %.17g, bound %.3g",
+                    gguf::type_name(w.type), (long long)w.n_out, (long long)w.n_in,
+                    linear::path_name(linear::active_path()), i, double(y[i]), ref[i], bound[i]);
+      fail(name + ": a product outside its bound" + buf);
+    }
+  }
+}
+
+void check_products(const Model& m) {
+  const llama::Weights& w = m.weights();
+  check_product(w.tok_embd, "token_embd");
+  if (!w.tied) check_product(w.output, "output");
+  for (const llama::Layer& l : w.layers) {
+    check_product(l.wq, "attn_q");
+    check_product(l.wk, "attn_k");
+    check_product(l.wv, "attn_v");
+    check_product(l.wo, "attn_output");
+    check_product(l.ffn_gate, "ffn_gate");
+    check_product(l.ffn_up, "ffn_up");
+    check_product(l.ffn_down, "ffn_down");
+  }
 }
 
 // Prefill of the first and the last token id at positions 0 and 1, logits for the last.
@@ -132,6 +179,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const int64_t n_weights = check_shapes(m);
     if (tok && tok->n_vocab() != m.hparams().n_vocab) fail("the tokenizer and token_embd differ in vocabulary size");
     if (n_weights <= kMaxWeights) {
+      check_products(m);
       run_forward(m);
       run_forward(Model::load(file, llama::LinearPath::f32));
     }

@@ -8,7 +8,8 @@
 //                            OUT_DIR/model/*    tiny Llama models: f32, Q8_0, Q4_1, f16/bf16/Q4_0 weights, tied
 //                                              and untied outputs, GQA and not, u32 and u64 counts, with a
 //                                              byte-level BPE or a SentencePiece vocabulary (ChatML / Llama 3
-//                                              template) of as many tokens as token_embd has rows, or none
+//                                              template) of as many tokens as token_embd has rows, or none;
+//                                              subnormal and largest f16 scales and mins, subnormal f32 weights
 //                            OUT_DIR/request/*  requests in fuzz_request's format (a selector byte, then the body):
 //                                              completions and chats, whole and streamed, with every sampling
 //                                              field, token-id prompts, stop strings; the GET endpoints
@@ -195,6 +196,19 @@ void model_seeds(const std::string& dir) {
   bf.n_head = bf.n_head_kv = 4;
   bf.tied = false;
   write_file(dir + "/bf16_bpe.gguf", model_file(bf));
+
+  // Extreme numbers for the per-matrix check: subnormal f16 scales with the largest mins, the largest scales,
+  // subnormal f32 weights
+  ModelSeed tiny = q4;
+  tiny.scale = 0x1p-24f;
+  tiny.min = 65504.0f;
+  write_file(dir + "/q4_1_extreme.gguf", model_file(tiny));
+  ModelSeed huge = q8;
+  huge.scale = -65504.0f;
+  write_file(dir + "/q8_0_extreme.gguf", model_file(huge));
+  ModelSeed sub = f32_bpe;
+  sub.f32_exp = -135;
+  write_file(dir + "/f32_subnormal.gguf", model_file(sub));
 }
 
 void gguf_seeds(const std::string& dir) {

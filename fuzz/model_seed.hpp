@@ -3,6 +3,7 @@
 // scales, the chat templates of SmolLM2 (ChatML) and Llama 3, and tiny Llama models with or without a vocabulary.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -18,27 +19,32 @@ namespace cascade::fuzz {
 using gguf::TensorType;
 using gguf::Writer;
 
-// Block bytes of a tensor with plausible scales: f16 fields 1.0 where the layout has them, the rest a pattern.
-inline std::vector<uint8_t> tensor_bytes(TensorType t, const std::vector<int64_t>& ne) {
+// Block bytes of a tensor with plausible scales: f16 fields 1.0 where the layout has them (or the given scale d
+// and the second field m of q4_1 / q4_K / q5_K), f32 values k / 64 - 1 (times 2^f32_exp), the rest a pattern.
+inline std::vector<uint8_t> tensor_bytes(TensorType t, const std::vector<int64_t>& ne, float d = 1.0f,
+                                         float m = 1.0f, int f32_exp = 0) {
   uint64_t n = gguf::row_bytes(t, ne[0]);
-  for (size_t d = 1; d < ne.size(); ++d) n *= uint64_t(ne[d]);
+  for (size_t i = 1; i < ne.size(); ++i) n *= uint64_t(ne[i]);
   std::vector<uint8_t> b(n);
   for (size_t k = 0; k < n; ++k) b[k] = uint8_t(k * 37 + 11);
-  const uint16_t one = gguf::fp32_to_fp16(1.0f);
-  const auto put_half = [&](size_t at) { std::memcpy(&b[at], &one, 2); };
+  const uint16_t hd = gguf::fp32_to_fp16(d), hm = gguf::fp32_to_fp16(m);
+  const auto put_half = [&](size_t at, uint16_t h) { std::memcpy(&b[at], &h, 2); };
   const uint64_t bb = gguf::block_bytes(t);
   for (uint64_t blk = 0; blk * bb < n; ++blk) {
     const size_t at = size_t(blk * bb);
     switch (t) {
-      case TensorType::Q4_0: case TensorType::Q8_0: put_half(at); break;
-      case TensorType::Q4_1: case TensorType::Q4_K: case TensorType::Q5_K: put_half(at); put_half(at + 2); break;
-      case TensorType::Q6_K: put_half(at + 208); break;
+      case TensorType::Q4_0: case TensorType::Q8_0: put_half(at, hd); break;
+      case TensorType::Q4_1: case TensorType::Q4_K: case TensorType::Q5_K:
+        put_half(at, hd);
+        put_half(at + 2, hm);
+        break;
+      case TensorType::Q6_K: put_half(at + 208, hd); break;
       default: break;
     }
   }
   if (t == TensorType::F32) {
     for (size_t k = 0; k + 4 <= n; k += 4) {
-      const float x = float(k) / 64.0f - 1.0f;
+      const float x = std::ldexp(float(k) / 64.0f - 1.0f, f32_exp);
       std::memcpy(&b[k], &x, 4);
     }
   }
@@ -68,6 +74,8 @@ struct ModelSeed {
   int n_ctx = 64;              // llama.context_length
   uint32_t random = 0;         // nonzero: f32 tensors drawn uniformly from [-1, 1] with this seed instead of the
                                // pattern (tests that compare greedy texts want logits without its regularity)
+  float scale = 1.0f, min = 1.0f;  // the matrices' f16 block scales and q4_1 / K-quant mins (tensor_bytes)
+  int f32_exp = 0;                 // f32 matrices' values times 2^f32_exp
 };
 
 // A byte-level BPE vocabulary of n >= 13 tokens: single letters, a few merges of them, ChatML specials last.
@@ -136,7 +144,8 @@ inline std::vector<uint8_t> model_file(const ModelSeed& s) {
   if (s.vocab == 2) put_spm_vocab(w, n_tokens);
   std::mt19937 rng(s.random);
   const auto tensor = [&](const std::string& name, TensorType t, std::vector<int64_t> ne) {
-    std::vector<uint8_t> b = tensor_bytes(t, ne);
+    const bool matrix = ne.size() == 2;
+    std::vector<uint8_t> b = matrix ? tensor_bytes(t, ne, s.scale, s.min, s.f32_exp) : tensor_bytes(t, ne);
     if (s.random && t == TensorType::F32) {
       std::uniform_real_distribution<float> u(-1.0f, 1.0f);
       for (size_t k = 0; k + 4 <= b.size(); k += 4) {

@@ -95,6 +95,9 @@ namespace detail {
 
 // d = amax / 127 and q = round-to-nearest-even(x * (127 / amax)): two correctly rounded f32 operations, so
 // every path that follows them gets the same codes. |x * (127 / amax)| <= 127 (1 + 2^-23) rounds to at most 127.
+// A block whose amax is below 2^-100 is first scaled by 2^100 (exact: no value overflows or loses a bit), since
+// 127 / amax overflows to infinity for amax < 127 / FLT_MAX (about 3.7e-37): every nonzero code would be +-127
+// and a zero would be 0 * inf = NaN. After scaling, amax >= 2^-149 * 2^100 and 127 / amax <= 2^56.
 // Non-finite inputs give unspecified (but in-range) codes.
 void quantize_row(const float* x, int64_t n_in, int8_t* q, float* d, float* s16, float* s32) {
   for (int64_t b = 0; b < n_in / 32; ++b) {
@@ -102,10 +105,11 @@ void quantize_row(const float* x, int64_t n_in, int8_t* q, float* d, float* s16,
     float amax = 0;
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
     const float db = amax / 127.0f;
-    const float id = amax > 0 ? 127.0f / amax : 0.0f;
+    const float pre = amax < kTinyBlock ? kTinyScale : 1.0f;
+    const float id = amax > 0 ? 127.0f / (amax * pre) : 0.0f;
     int sum[2] = {0, 0};
     for (int j = 0; j < 32; ++j) {
-      float v = xb[j] * id;
+      float v = (xb[j] * pre) * id;
       v = v >= 127.0f ? 127.0f : v <= -127.0f ? -127.0f : v;
       if (!(v == v)) v = 0;  // NaN
       const int c = static_cast<int>(std::nearbyint(v));
@@ -243,20 +247,39 @@ void matmul_f32(const Matrix& w, const float* x, int64_t n, float* y) {
 //          offset[g] s[g]    (s[g] = d[b] * sum q rounded once, the product once inside the FMA)
 //   float: w[k] x[k]         (exact inputs; the product rounded at most once inside the FMA)
 // and the terms are added in some order (lanes, then the lanes together) with at most m additions on any path
-// from a term to the result. The classic bound for such a sum of perturbed terms t_j (Higham, Accuracy and
-// Stability of Numerical Algorithms, 3.1 and 4.2) is
+// from a term to the result. While no result falls below 2^-126 (f32's smallest normal), every rounding is
+// fl(v) = v (1 + delta), |delta| <= u, and the classic bound for such a sum of perturbed terms t_j (Higham,
+// Accuracy and Stability of Numerical Algorithms, 3.1 and 4.2) is
 //   |fast - exact| <= gamma(m + 2) * sum |t_j|,
 // with m <= 2 * (n_in / 16) + 16 for the int8 paths (at most two terms per group of 16, lanes reduced in <= 16
 // steps) and m <= n_in + 16 for the float paths. Where partial integer sums are split across lanes, |t_j| is
-// bounded by scale d sum |code * q| over the group. vdpbf16ps also flushes subnormal inputs and results to zero:
-// at most (n_in + 16) (1 + max |w|) 2^-126 more, added to the bound.
+// bounded by scale d sum |code * q| over the group.
+//
+// Underflow. Below 2^-126 f32 has subnormals spaced 2^-149 apart, and a product or an FMA whose exact result
+// lies there is rounded with an absolute error of up to eta = 2^-150 instead of a relative one:
+// fl(a b) = a b (1 + delta) + eta, delta eta = 0 (the standard model with gradual underflow; a sum or difference
+// that lands there is exact, so only products and FMAs add an eta). The relative bound alone is then wrong: f32
+// weights of about 2.3e-41 times activations of 0.625 and 0.375 give products of 10242.5 and 6148.5 times 2^-149,
+// each rounded by half a step, and an output of 67581 * 2^-149 comes out as 67580 * 2^-149 (off by 1.4e-45)
+// where gamma(m + 2) sum |t_j| is 2.3e-46. Each eta is carried to the result by at most m further roundings,
+// (1 + u)^m < 2, so every place a product can underflow adds 2 eta = 2^-149 times what multiplies its error
+// afterwards:
+//   float: one product or FMA per term:                                        n_in * 2^-149
+//   int8:  per group, scale d (times the partial sums of code * q it scales: at most sum |code * q|), s (times
+//          |offset|), and the products and FMAs that add the group (one per lane it covers, at most G / 4, and
+//          one for the offset, together fewer than G):        (sum over groups of sum |code * q| + |offset|
+//                                                              + G) * 2^-149
+// vdpbf16ps (BF16 weights on the avx512-vnni path with AVX512_BF16) has no subnormals at all: it reads subnormal
+// inputs as zero (losing |w x| < 2^-126 |x| for a subnormal w, < 2^-126 |w| for a subnormal x) and flushes each
+// FMA result below 2^-126 to zero (losing < 2^-126, one FMA per term), so instead of the above it adds
+//   2 * 2^-126 * sum over k of (1 + |w[k]| + |x[k]|).
 void reference(const Matrix& w, const Input& x, Path path, std::vector<double>& y, std::vector<double>& bound) {
   CASCADE_CHECK(x.n_in() == w.n_in, "linear reference: input rows of ", x.n_in(), " values for ", w.n_in,
                 " columns");
   const int64_t n = x.n(), K = w.n_in;
   y.assign(size_t(n * w.n_out), 0.0);
   bound.assign(y.size(), 0.0);
-  const double u = std::ldexp(1.0, -24);
+  const double u = std::ldexp(1.0, -24), eta2 = std::ldexp(1.0, -149);
   const auto gamma = [&](double m) { return m * u / (1 - m * u); };
   std::vector<float> wr(static_cast<size_t>(K));
   if (is_float_type(w.type)) {
@@ -267,17 +290,16 @@ void reference(const Matrix& w, const Input& x, Path path, std::vector<double>& 
     const double g = gamma(double(K + 16) + 2);
     for (int64_t i = 0; i < w.n_out; ++i) {
       w.row(i, wr.data());
-      double wmax = 0;
-      for (float v : wr) wmax = std::max(wmax, std::fabs(double(v)));
       for (int64_t r = 0; r < n; ++r) {
-        double s = 0, a = 0;
+        double s = 0, a = 0, flushed = 0;
         for (int64_t k = 0; k < K; ++k) {
           const double t = double(wr[k]) * xq[r * K + k];
           s += t;
           a += std::fabs(t);
+          flushed += 1 + std::fabs(double(wr[k])) + std::fabs(xq[r * K + k]);
         }
         y[r * w.n_out + i] = s;
-        bound[r * w.n_out + i] = g * a + (bf16 ? double(K + 16) * (1 + wmax) * std::ldexp(1.0, -126) : 0.0);
+        bound[r * w.n_out + i] = g * a + (bf16 ? 2 * flushed * std::ldexp(1.0, -126) : double(K) * eta2);
       }
     }
     return;
@@ -295,18 +317,20 @@ void reference(const Matrix& w, const Input& x, Path path, std::vector<double>& 
       const int8_t* q = f.q.data() + r * K;
       const float* d = f.d.data() + r * K / 32;
       const float* s = (G == 16 ? f.s16.data() + r * K / 16 : f.s32.data() + r * K / 32);
-      double sum = 0, mag = 0;
+      double sum = 0, mag = 0, under = 0;
       for (int64_t k = 0; k < K; ++k) sum += double(wr[k]) * double(d[k / 32]) * double(q[k]);
       for (int64_t gi = 0; gi < n_groups; ++gi) {
         double cq = 0;
         for (int64_t k = gi * G; k < (gi + 1) * G; ++k) cq += std::fabs(double(code[k]) * double(q[k]));
         mag += std::fabs(double(sc[gi]) * double(d[gi * G / 32])) * cq + std::fabs(double(off[gi]) * double(s[gi]));
+        under += cq + std::fabs(double(off[gi])) + double(G);
       }
       y[r * w.n_out + i] = sum;
-      // The dequantized weights wr are f32 roundings of scale * code + offset (quant.hpp): within u |w| of it.
+      // The dequantized weights wr are f32 roundings of scale * code + offset (quant.hpp): within u |w| of it
+      // (never below 2^-126: scale and offset are multiples of 2^-24).
       double wx = 0;
       for (int64_t k = 0; k < K; ++k) wx += std::fabs(double(wr[k]) * double(d[k / 32]) * double(q[k]));
-      bound[r * w.n_out + i] = g * mag + u * wx;
+      bound[r * w.n_out + i] = g * mag + u * wx + under * eta2;
     }
   }
 }

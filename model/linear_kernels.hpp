@@ -86,5 +86,7 @@ const Kernels* avx512_vnni_kernels();
 // The reference quantizer (Input::int8_natural): one row of n_in values into q, d, s16, s32 (natural layout
 // pointers to that row). Kernel files must produce the same numbers.
 void quantize_row(const float* x, int64_t n_in, int8_t* q, float* d, float* s16, float* s32);
+// A block whose largest |x| is below kTinyBlock is multiplied by kTinyScale before its codes are taken (linear.cpp).
+inline constexpr float kTinyBlock = 0x1p-100f, kTinyScale = 0x1p100f;
 
 }  // namespace cascade::linear::detail

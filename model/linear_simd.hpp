@@ -539,7 +539,10 @@ LT inline void quantize_block(const float* x, int8_t* q32, float& d, float& s_lo
   m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
   const float amax = _mm_cvtss_f32(m);
   d = amax / 127.0f;
-  const __m256 id = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+  const bool tiny = amax < kTinyBlock;  // scaled first, as quantize_row does
+  const __m256 id = _mm256_set1_ps(amax > 0 ? 127.0f / (tiny ? amax * kTinyScale : amax) : 0.0f);
+  if (tiny)
+    for (int j = 0; j < 4; ++j) v[j] = _mm256_mul_ps(v[j], _mm256_set1_ps(kTinyScale));
   const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
   __m256i c[4];
   for (int j = 0; j < 4; ++j) c[j] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v[j], id), lo), hi));

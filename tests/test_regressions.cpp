@@ -3,6 +3,8 @@
 // byte picks the vocabulary and flags, the rest is the text).
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "fuzz/model_seed.hpp"
 #include "fuzz/plan_input.hpp"
 #include "model/gguf.hpp"
+#include "model/linear.hpp"
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
 
@@ -132,4 +135,69 @@ TEST_CASE("regression: model: a vocabulary longer or shorter than token_embd is 
   seed.vocab = 2;  // SentencePiece
   seed.vocab_tokens = 9;
   CHECK(model_load_error(seed).find("the vocabulary has 9 tokens") != std::string::npos);
+}
+
+// fuzz_model, the seed f32_bpe.gguf with "attn_v.weight" (13 bytes, from the dictionary) inserted at byte 2774,
+// inside the f32 data of blk.0.attn_q, and one byte 0xe3 inserted 153 bytes later (inside blk.0.attn_k). The
+// tensor offsets stay, so blk.0.attn_output reads its bytes 14 places late: each of its floats is the high half
+// of one seed float (0x3f.. or 0x40..) followed by the zero low half of the next, a subnormal of about 2.3e-41.
+// Its row 6 (bits 0x3fe0, 0x3fe8, 0x3ff0, 0x3ff8, 0x4000, 0x4004, 0x4008, 0x400c) against the target's first
+// activation row (-1.125, 1.125, 1, 0.875, 0.75, 0.625, 0.5, 0.375) makes products of 10242.5 and 6148.5 times
+// 2^-149 among others; f32 rounds each to the even neighbour on the subnormal grid, so every path gives
+// 67580 * 2^-149 where the exact sum is 67581 * 2^-149: 1.4e-45 off, beside a bound of 2.3e-46 that assumed
+// every rounding relative. The kernels are right; the bound now adds 2^-149 per product that can underflow (and
+// scales vdpbf16ps's flushes by |x|). Fixed in model/linear.cpp (linear::reference).
+TEST_CASE("regression: model: products of subnormal f32 weights are within the reference's bound") {
+  cascade::fuzz::ModelSeed seed;  // the seed f32_bpe.gguf (fuzz/fuzz_seeds.cpp)
+  seed.n_vocab = 16;
+  seed.vocab = 1;
+  std::vector<uint8_t> b = cascade::fuzz::model_file(seed);
+  REQUIRE(b.size() == 4992);
+  const std::string ins = "attn_v.weight";
+  b.insert(b.begin() + 2774 + 153, uint8_t(0xe3));
+  b.insert(b.begin() + 2774, ins.begin(), ins.end());
+  const cascade::gguf::File file = cascade::gguf::File::from_bytes(b, "crash.gguf");
+  const cascade::llama::Model m = cascade::llama::Model::load(file);
+  const cascade::linear::Matrix& wo = m.weights().layers.at(0).wo;
+  REQUIRE(wo.type == cascade::gguf::TensorType::F32);
+  REQUIRE(wo.n_in == 8);
+  std::vector<float> row(8);
+  wo.row(6, row.data());
+  const uint32_t expect[8] = {0x3fe0, 0x3fe8, 0x3ff0, 0x3ff8, 0x4000, 0x4004, 0x4008, 0x400c};
+  for (int k = 0; k < 8; ++k) {
+    uint32_t bits;
+    std::memcpy(&bits, &row[size_t(k)], 4);
+    CHECK(bits == expect[k]);
+  }
+  // fuzz_model's check: two rows of moderate activations, every matrix on every path within the bound
+  const auto check = [&](const cascade::linear::Matrix& w, const char* name) {
+    std::vector<float> x(size_t(2 * w.n_in));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 37 % 19) - 9) * 0.125f;
+    const cascade::linear::Input in(x.data(), 2, w.n_in);
+    for (auto path : {cascade::linear::Path::portable, cascade::linear::Path::avx2, cascade::linear::Path::avx_vnni,
+                      cascade::linear::Path::avx512_vnni}) {
+      if (!cascade::linear::can_run(path)) continue;
+      CAPTURE(name);
+      CAPTURE(cascade::linear::path_name(path));
+      std::vector<float> y(size_t(2 * w.n_out));
+      cascade::linear::matmul(w, in, y.data(), path);
+      std::vector<double> ref, bound;
+      cascade::linear::reference(w, in, path, ref, bound);
+      int bad = 0;
+      for (size_t i = 0; i < y.size(); ++i)
+        if (std::isfinite(ref[i]) && std::fabs(ref[i]) + bound[i] <= 1e30)
+          bad += !(std::fabs(double(y[i]) - ref[i]) <= bound[i]);
+      CHECK(bad == 0);
+      if (&w == &wo) {  // the output the target stopped at, as the comment above works it out
+        CHECK(double(y[6]) == std::ldexp(67580.0, -149));
+        CHECK(ref[6] == std::ldexp(67581.0, -149));
+        CHECK(bound[6] >= std::ldexp(1.0, -149));
+      }
+    }
+  };
+  const cascade::llama::Weights& w = m.weights();
+  check(w.tok_embd, "token_embd");
+  for (const cascade::llama::Layer& l : w.layers)
+    for (const auto* p : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down})
+      check(*p, "a layer's matrix");
 }
