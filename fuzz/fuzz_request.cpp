@@ -28,10 +28,7 @@
 #include <vector>
 
 #include "cascade/error.hpp"
-#include "model/gguf.hpp"
-#include "model/llama.hpp"
-#include "model/tokenizer.hpp"
-#include "model_seed.hpp"
+#include "tiny_model.hpp"
 #include "server/api.hpp"
 #include "server/engine.hpp"
 
@@ -48,23 +45,14 @@ constexpr const char* kKey = "sesame";
   std::abort();
 }
 
-struct Tiny {
-  gguf::File file;
-  Tokenizer tok;
-  llama::Model model;
-  Tiny()
-      : file(gguf::File::from_bytes(fuzz::model_file(seed()), "tiny.gguf")), tok(load_vocab(file)),
-        model(llama::Model::load(file)) {}
-  static fuzz::ModelSeed seed() {
+// 24-token byte-level BPE vocabulary with ChatML specials and template, the rest model_seed.hpp's defaults.
+const fuzz::TinyModel& tiny() {
+  static const fuzz::TinyModel* t = [] {
     fuzz::ModelSeed s;
     s.n_vocab = 24;
-    s.vocab = 1;  // byte-level BPE with ChatML specials and template
-    return s;
-  }
-};
-
-const Tiny& tiny() {
-  static const Tiny* t = new Tiny;  // never destroyed: the fuzzer exits without running destructors anyway
+    s.vocab = 1;
+    return new fuzz::TinyModel(s);
+  }();  // never destroyed: the fuzzer exits without running destructors anyway
   return *t;
 }
 
@@ -202,7 +190,7 @@ extern "C" const char* __lsan_default_suppressions() { return "leak:cascade::cpu
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  const Tiny& t = tiny();
+  const fuzz::TinyModel& t = tiny();
   const std::string body(reinterpret_cast<const char*>(data) + 1, size - 1);  // exact size for ASan
   const Case c = decode(data[0], body);
   try {

@@ -22,10 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "fuzz/model_seed.hpp"
-#include "model/gguf.hpp"
-#include "model/llama.hpp"
-#include "model/tokenizer.hpp"
+#include "fuzz/tiny_model.hpp"
 #include "server/api.hpp"
 #include "server/engine.hpp"
 
@@ -35,27 +32,20 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-struct Tiny {
-  gguf::File file;
-  Tokenizer tok;
-  llama::Model model;
-  Tiny()
-      : file(gguf::File::from_bytes(fuzz::model_file(seed()), "tiny.gguf")), tok(load_vocab(file)),
-        model(llama::Model::load(file, llama::LinearPath::f32)) {}
-  static fuzz::ModelSeed seed() {
-    fuzz::ModelSeed s;
-    s.n_layer = 2;
-    s.n_embd = 32;
-    s.n_head = 4;
-    s.n_head_kv = 2;
-    s.n_ff = 64;
-    s.n_vocab = 32;
-    s.vocab = 1;
-    s.n_ctx = 128;
-    s.random = 7;
-    return s;
-  }
-};
+// Two layers, GQA 2, a 32-token byte-level BPE vocabulary, random f32 weights.
+fuzz::ModelSeed tiny_seed() {
+  fuzz::ModelSeed s;
+  s.n_layer = 2;
+  s.n_embd = 32;
+  s.n_head = 4;
+  s.n_head_kv = 2;
+  s.n_ff = 64;
+  s.n_vocab = 32;
+  s.vocab = 1;
+  s.n_ctx = 128;
+  s.random = 7;
+  return s;
+}
 
 server::EngineConfig config(int n_threads) {
   server::EngineConfig c;
@@ -240,7 +230,7 @@ uint64_t stress_seed() {
 }  // namespace
 
 TEST_CASE("server stress: clients stream, cancel and leave at random, answers are whole, greedy ones as alone") {
-  const Tiny t;
+  const fuzz::TinyModel t(tiny_seed(), llama::LinearPath::f32);
   const uint64_t seed = stress_seed();
   std::printf("server stress: seed %llu (CASCADE_STRESS_SEED=%llu replays its choices)\n",
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
