@@ -154,8 +154,9 @@ class Workspace {
                          " bytes of K/V descriptors");
       stage_passes(given);  // the tables' device addresses moved
     }
-    CASCADE_CUDA_CHECK(cudaMemcpyAsync(kv_mem_, staging_.data(), staging_.size(), cudaMemcpyHostToDevice, stream),
-                       "cuda::Workspace: uploading the K/V descriptors");
+    if (!staging_.empty())  // a plan without passes (no rows, or no keys) has nothing to upload or point to
+      CASCADE_CUDA_CHECK(cudaMemcpyAsync(kv_mem_, staging_.data(), staging_.size(), cudaMemcpyHostToDevice, stream),
+                         "cuda::Workspace: uploading the K/V descriptors");
     args_.passes = static_cast<const PassDesc*>(kv_mem_);
     bound_ = true;
   }
