@@ -9,7 +9,8 @@
 # Writes OUTDIR/saturation.json (serve_bench.py's object: answered, refused, failed, resident memory per second),
 # OUTDIR/kv.tsv (the K/V stored and held in memory, every 10 s), OUTDIR/metrics-end.txt (the server's /metrics at
 # the end) and OUTDIR/cascade-server.log, and prints a verdict: PASS needs no failed request, exit code 0, and
-# resident memory at most 5% above its level at one minute for the rest of the run.
+# resident memory at most 5% above its level at one minute (or once the cached prefixes first fill 90% of the
+# K/V budget, if that comes later) for the rest of the run.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 seconds=600 clients=48 np=8 queue=8 budget=256
@@ -78,6 +79,13 @@ python3 - "$out" "$rc" "$budget" "$seconds" <<'PY'
 import json, re, sys
 out, rc, budget, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 warm = min(60.0, seconds / 3)  # "the first minute", or a third of a short run
+# ... or, on a slower (busier) machine, until the cached prefixes first fill 90% of the K/V budget: memory is
+# meant to be flat from then on.
+kv = [line.split("\t") for line in open(f"{out}/kv.tsv").read().splitlines()[1:]]
+full = next((float(t) for t, stored, _ in kv if float(stored) >= 0.9 * budget * 2**20), None)
+if full is not None and full > warm and full < seconds * 2 / 3:
+    print(f"the K/V budget first filled at {full:.0f} s: memory is judged from then on")
+    warm = full
 r = json.load(open(f"{out}/saturation.json"))
 m = dict(re.findall(r"^(cascade_\w+) (\S+)$", open(f"{out}/metrics-end.txt").read(), re.M))
 rss = r["rss_mib"]
@@ -93,7 +101,7 @@ print(f"resident memory: {first_min:.0f} MiB at most in the first {warm:.0f} s, 
 print(f"server: evicted {float(m['cascade_evicted_tokens_total']):.0f} tokens, K/V at the end "
       f"{float(m['cascade_kv_bytes']) / 2**20:.1f} MiB stored, {float(m['cascade_kv_allocated_bytes']) / 2**20:.1f} "
       f"MiB in memory, of a {budget} MiB budget; exit code {rc} after SIGTERM")
-# Flat: after the first minute, resident memory grows by at most 5% of what it was then.
+# Flat: after the first minute (or the budget's filling), resident memory grows by at most 5% of what it was then.
 flat = max(after) - at_60 <= 0.05 * at_60
 print(f"resident memory after {warm:.0f} s: {'flat' if flat else 'NOT flat'} (at most +5% allowed)")
 ok = r["failed"] == 0 and rc == 0 and r["answered"] > 0 and flat
