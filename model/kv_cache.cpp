@@ -147,6 +147,8 @@ int TreeCache::split(int seg, int64_t n_keep) {
     to.n = from.n - n_keep;
     from.k.resize(keep);
     from.v.resize(keep);
+    from.k.shrink_to_fit();  // the head is complete: it keeps no room for the tokens that moved
+    from.v.shrink_to_fit();
     from.n = n_keep;
   }
   hand_children(seg, tail);
@@ -159,6 +161,16 @@ int TreeCache::split_ahead(int seg, int64_t n_keep) {
   CASCADE_CHECK(n_keep > 0 && n_keep >= n, "KV cache: cannot split segment ", seg, " of ", n,
                 " tokens ahead of its tokens after ", n_keep);
   const int tail = add_segment(seg, segs_[size_t(seg)].start + n_keep);
+  // The head will hold n_keep tokens: room reserved beyond them is given back.
+  const size_t keep = size_t(n_keep * row_bytes());
+  for (KvBuffer& b : segs_[size_t(seg)].layers)
+    for (std::vector<uint8_t>* x : {&b.k, &b.v})
+      if (x->capacity() > keep) {
+        std::vector<uint8_t> y;
+        y.reserve(keep);
+        y.assign(x->begin(), x->end());
+        x->swap(y);
+      }
   hand_children(seg, tail);
   return tail;
 }
@@ -222,6 +234,15 @@ void TreeCache::release(int seg) {
   s = Segment{};
   free_ids_.push_back(seg);
   in_step_ = false;
+}
+
+void TreeCache::reserve(int seg, int64_t n_tokens) {
+  check_seg(seg);
+  CASCADE_CHECK(n_tokens >= 0, "KV cache: cannot reserve ", n_tokens, " tokens");
+  for (KvBuffer& b : segs_[size_t(seg)].layers) {
+    b.k.reserve(size_t(n_tokens * row_bytes()));
+    b.v.reserve(size_t(n_tokens * row_bytes()));
+  }
 }
 
 // The step's tree: the entries' paths over the segments they use (compact ids, in order of first use), each
@@ -304,6 +325,13 @@ int64_t TreeCache::stored_tokens() const {
   int64_t n = 0;
   for (const Segment& s : segs_)
     if (s.live) n += s.layers[0].n;
+  return n;
+}
+
+size_t TreeCache::allocated_bytes() const {
+  size_t n = 0;
+  for (const Segment& s : segs_)
+    for (const KvBuffer& b : s.layers) n += b.k.capacity() + b.v.capacity();
   return n;
 }
 
@@ -391,6 +419,12 @@ void UnifiedCache::remove_sequence(int seq) {
     n_dead_ += dead;
   }
   if (n_dead_ > 0 && 2 * n_dead_ >= n_keys) compact();
+}
+
+size_t UnifiedCache::allocated_bytes() const {
+  size_t n = 0;
+  for (const KvBuffer& b : buf_) n += b.k.capacity() + b.v.capacity();
+  return n;
 }
 
 // Keeps the keys some live sequence sees, in order.

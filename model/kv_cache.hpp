@@ -18,7 +18,7 @@
 //
 // Storage: K and V of a segment (or of the unified buffer) are dense (n_tokens, n_kv_heads, head_dim)
 // buffers per layer, grown by amortized reallocation (views are made per layer per step, so moving a buffer
-// is harmless). The element type is chosen per cache: f16 by default (llama.cpp's default cache type, so the
+// is harmless) or reserved at their final length where it is known (TreeCache::reserve). The element type is chosen per cache: f16 by default (llama.cpp's default cache type, so the
 // comparison with it is like for like, and attention reads half the bytes of f32), f32 where a test wants
 // the forward pass exact to f32 rounding.
 //
@@ -78,6 +78,8 @@ class KvCache {
 
   virtual int64_t stored_tokens() const = 0;  // tokens held (per layer), each stored copy counted
   size_t kv_bytes() const { return size_t(stored_tokens()) * size_t(n_layer_) * 2 * size_t(row_bytes()); }
+  // Bytes the K/V buffers hold in memory: kv_bytes() plus room reserved or left by growth.
+  virtual size_t allocated_bytes() const = 0;
 
  protected:
   int64_t row_bytes() const { return int64_t(shape_.n_kv_heads) * shape_.head_dim * dtype_size(dtype_); }
@@ -114,6 +116,9 @@ class TreeCache final : public KvCache {
   void copy_path(int dst, int leaf);
   // Frees a segment without children; its id may be handed out again by add_segment.
   void release(int seg);
+  // Makes room in every layer of seg for n_tokens tokens in all, so that appends up to that length do not
+  // reallocate (and a segment whose final length is known holds no more than that).
+  void reserve(int seg, int64_t n_tokens);
 
   bool live(int seg) const { return seg >= 0 && seg < int(segs_.size()) && segs_[size_t(seg)].live; }
   int n_ids() const { return int(segs_.size()); }  // segment ids are below this
@@ -136,6 +141,7 @@ class TreeCache final : public KvCache {
   const Plan& step_plan() const { return plan_; }
 
   int64_t stored_tokens() const override;
+  size_t allocated_bytes() const override;
 
  private:
   struct Segment {
@@ -186,6 +192,7 @@ class UnifiedCache final : public KvCache {
   void attend(int il, const float* q, float* o) override;
   // Keys held, including keys no sequence sees any more that wait for the next compaction.
   int64_t stored_tokens() const override { return buf_.empty() ? 0 : buf_[0].n; }
+  size_t allocated_bytes() const override;
 
  private:
   void compact();
@@ -213,6 +220,7 @@ class JoinedCache final : public KvCache {
   void store(int il, const float* k, const float* v) override;
   void attend(int il, const float* q, float* o) override;
   int64_t stored_tokens() const override { return first_.stored_tokens() + second_.stored_tokens(); }
+  size_t allocated_bytes() const override { return first_.allocated_bytes() + second_.allocated_bytes(); }
 
  private:
   KvCache& first_;

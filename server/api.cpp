@@ -542,6 +542,8 @@ std::string Api::metrics_text() const {
   gauge("cascade_active_requests", "Requests prefilling or decoding.", m.active_requests);
   gauge("cascade_active_sequences", "Sequences decoding.", m.active_sequences);
   gauge("cascade_kv_bytes", "K/V bytes stored, cached prefixes included.", m.kv_bytes);
+  gauge("cascade_kv_allocated_bytes", "K/V bytes held in memory: those stored and room for tokens to come.",
+        m.kv_allocated_bytes);
   gauge("cascade_kv_cached_bytes", "K/V bytes of cached prefixes no running request uses (evictable).", m.kv_cached_bytes);
   gauge("cascade_kv_reserved_bytes", "K/V bytes running requests hold or may still need.", m.kv_reserved_bytes);
   gauge("cascade_kv_budget_bytes", "The K/V budget (--kv-budget).", m.kv_budget);

@@ -342,6 +342,9 @@ bool Engine::try_admit(std::unique_ptr<Active>& ap) {
     return false;
   }
   a.s0 = tree_->add_segment(ins.node, len - 1);
+  // The prompt's last token; with one choice under cascade and auto, the choice's tokens follow it there.
+  const bool own = r.n == 1 && (cfg_.attn == AttnMethod::cascade || cfg_.attn == AttnMethod::auto_);
+  tree_->reserve(a.s0, own ? 1 + r.max_tokens : 1);
   a.pinned = ins.node >= 0;
   a.n_cached = ins.n_found;
   a.reserved = reserve;
@@ -458,11 +461,15 @@ void Engine::start_sequences(Active& a, const float* logits) {
     case AttnMethod::auto_:
       if (r.n == 1) ids[0] = a.s0;
       else
-        for (int& id : ids) id = tree_->add_segment(a.s0);
+        for (int& id : ids) {
+          id = tree_->add_segment(a.s0);
+          tree_->reserve(id, r.max_tokens);
+        }
       break;
     case AttnMethod::split:
       for (int& id : ids) {
         id = tree_->add_segment(-1);
+        tree_->reserve(id, len + r.max_tokens);
         tree_->copy_path(id, a.s0);
       }
       break;
@@ -652,6 +659,7 @@ void Engine::publish_metrics(double step_s) {
   m_.active_requests = int(active_.size());
   m_.active_sequences = n_seq;
   m_.kv_bytes = kv_tokens * token_bytes_;
+  m_.kv_allocated_bytes = int64_t(tree_->allocated_bytes() + (unified_ ? unified_->allocated_bytes() : 0));
   m_.kv_cached_bytes = prefix_->unpinned_tokens() * token_bytes_;
   m_.kv_reserved_bytes = (prefix_->pinned_tokens() + reserved_tokens_) * token_bytes_;
   m_.evicted_tokens = prefix_->evicted_tokens();

@@ -126,6 +126,7 @@ struct EngineMetrics {
   // gauges
   int queue_depth = 0, active_requests = 0, active_sequences = 0;
   int64_t kv_bytes = 0, kv_cached_bytes = 0, kv_budget = 0, kv_reserved_bytes = 0;
+  int64_t kv_allocated_bytes = 0;  // what the K/V buffers hold in memory, room for coming tokens included
   int prefix_nodes = 0;
   static constexpr double kStepBuckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
 };

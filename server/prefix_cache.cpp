@@ -22,6 +22,7 @@ int PrefixCache::pins(int n) const { return node(n).pins; }
 
 int PrefixCache::add_node(int parent, int64_t start, std::span<const int32_t> tokens) {
   const int seg = cache_.add_segment(parent, start);
+  cache_.reserve(seg, int64_t(tokens.size()));  // its K/V is stored to exactly that length
   if (size_t(seg) >= nodes_.size()) nodes_.resize(size_t(seg) + 1);
   Node& n = nodes_[size_t(seg)];
   n = Node{};
@@ -41,6 +42,7 @@ int PrefixCache::split(int seg, int64_t n_keep) {
   t = Node{};
   t.live = true;
   t.tokens.assign(head.tokens.begin() + n_keep, head.tokens.end());
+  cache_.reserve(tail, int64_t(t.tokens.size()));
   t.children = std::move(head.children);
   t.pins = head.pins;
   t.last_use = head.last_use;

@@ -421,7 +421,9 @@ def case_disconnect():
         prompt = system_prompt(600)
         status, _, _ = srv.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 2})
         check(status == 200, "warm-up")
-        baseline = srv.wait_idle()["cascade_kv_bytes"]
+        idle = srv.wait_idle()
+        baseline, held = idle["cascade_kv_bytes"], idle["cascade_kv_allocated_bytes"]
+        check(held == baseline, f"the cached prompt holds {held} bytes for {baseline} stored")
         socks = []
         for n in (1, 3):  # a one-choice request and a forked one
             s, f = stream_request(srv.port, "/v1/completions",
@@ -435,6 +437,7 @@ def case_disconnect():
             s.close()
         m = srv.wait_idle("the server to notice the clients left")
         check(m["cascade_kv_bytes"] == baseline, f"K/V {m['cascade_kv_bytes']} after the disconnects, {baseline} before")
+        check(m["cascade_kv_allocated_bytes"] == held, f"K/V memory {m['cascade_kv_allocated_bytes']} after, {held} before")
         check(m["cascade_requests_cancelled_total"] == 2, "two requests cancelled")
         check(m["cascade_kv_reserved_bytes"] == 0, "nothing reserved")
         status, _, _ = srv.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 2})

@@ -171,10 +171,67 @@ TEST_CASE("kv cache: the tree changes between steps while sequences run: fork, s
       total += s.n_tokens();
     }
     CHECK(c.stored_tokens() <= total);  // shared spans are stored once
+    CHECK(c.allocated_bytes() >= c.kv_bytes());
   }
   (void)first;
   MESSAGE(n_forks << " forks, " << n_splits << " splits (" << n_inner_splits << " above other segments), "
                   << n_released << " segments released");
+}
+
+TEST_CASE("kv cache: reserved segments hold exactly their final length; a split gives back the moved tokens' room") {
+  const uint64_t seed = test::fresh_seed();
+  INFO("CASCADE_TEST_SEED=" << seed);
+  Rng rng(seed);
+  const int n_layer = 2;
+  Harness h(rng, n_layer, kShape);
+  TreeCache& c = h.cache;
+  const size_t token_bytes = size_t(kRow) * sizeof(float) * 2 * n_layer;  // K and V of one token, every layer
+  std::map<int, Seq> seqs;
+  const auto seq = [&](int id, int leaf, const Seq* from, int64_t n_keep) {
+    Seq& s = seqs[id];
+    s.leaf = leaf;
+    s.k.assign(size_t(n_layer), {});
+    s.v.assign(size_t(n_layer), {});
+    if (from)
+      for (int il = 0; il < n_layer; ++il) {
+        s.k[size_t(il)].assign(from->k[size_t(il)].begin(), from->k[size_t(il)].begin() + n_keep * kRow);
+        s.v[size_t(il)].assign(from->v[size_t(il)].begin(), from->v[size_t(il)].begin() + n_keep * kRow);
+      }
+  };
+  const int64_t n_prompt = rng.uniform_int(20, 60), keep = rng.uniform_int(1, n_prompt - 1);
+  const int root = c.add_segment(-1);
+  c.reserve(root, n_prompt);
+  CHECK(c.allocated_bytes() == size_t(n_prompt) * token_bytes);
+  seq(0, root, nullptr, 0);
+  h.step(c, {0}, seqs, {n_prompt}, {root});  // stored in one step, into the reserved room: no growth
+  CHECK(c.allocated_bytes() == size_t(n_prompt) * token_bytes);
+  CHECK(c.kv_bytes() == size_t(n_prompt) * token_bytes);
+
+  // A prompt sharing the first `keep` tokens: the root is split there and keeps only their room.
+  const int tail = c.split(root, keep);
+  CHECK(c.allocated_bytes() == size_t(n_prompt) * token_bytes);
+  seqs[0].leaf = tail;
+  seq(1, c.add_segment(root), &seqs[0], keep);
+
+  // The new branch is reserved for 30 tokens; with 12 stored, a third prompt diverges after 20 of them:
+  // split_ahead leaves the branch room for those 20, and the rest of the way is reserved below it.
+  const int branch = seqs[1].leaf;
+  c.reserve(branch, 30);
+  h.step(c, {1}, seqs, {12}, {branch});
+  CHECK(c.allocated_bytes() == size_t(n_prompt + 30) * token_bytes);
+  const int rest = c.split_ahead(branch, 20);
+  c.reserve(rest, 10);
+  CHECK(c.allocated_bytes() == size_t(n_prompt + 20 + 10) * token_bytes);
+  h.step(c, {1}, seqs, {8}, {branch});  // the branch filled to its 20 tokens, then the rest: no growth
+  seqs[1].leaf = rest;
+  h.step(c, {1}, seqs, {10}, {rest});
+  CHECK(c.allocated_bytes() == size_t(n_prompt + 30) * token_bytes);
+  CHECK(c.kv_bytes() == c.allocated_bytes());
+
+  c.release(rest);
+  c.release(branch);
+  CHECK(c.allocated_bytes() == size_t(n_prompt) * token_bytes);
+  CHECK(c.stored_tokens() == n_prompt);
 }
 
 TEST_CASE("kv cache: a unified buffer made from a tree attends what the tree attends") {

@@ -186,6 +186,8 @@ TEST_CASE("server engine: greedy texts equal generate()'s, with every attention 
     CHECK(mt.kv_reserved_bytes == 0);
     CHECK(mt.kv_bytes == mt.kv_cached_bytes);
     CHECK(mt.kv_cached_bytes == (ref.tree.n_tokens() - int64_t(prompts.size())) * e.kv_token_bytes());
+    // The cached prompts hold no room beyond their tokens; a unified buffer keeps its own until it compacts.
+    if (method != AttnMethod::unified) CHECK(mt.kv_allocated_bytes == mt.kv_bytes);
     CHECK(mt.generated_tokens == 8 * 24);
   }
 }
@@ -241,7 +243,7 @@ TEST_CASE("server engine: cancelled requests, mid-prefill or mid-decode, give th
     CAPTURE(attn_method_name(method));
     Engine e(m.model, m.tok, config(method));
     run_one(e, request(prompts[0], 1, 2));
-    const int64_t baseline = e.metrics().kv_bytes;
+    const int64_t baseline = e.metrics().kv_bytes, baseline_held = e.metrics().kv_allocated_bytes;
     // Decoding: two requests on the cached prompt, cancelled after a few steps.
     Client a{submit(e, request(prompts[0], 3, 200)), {}}, b{submit(e, request(prompts[0], 1, 200)), {}};
     for (int i = 0; i < 6; ++i) {
@@ -260,6 +262,7 @@ TEST_CASE("server engine: cancelled requests, mid-prefill or mid-decode, give th
     CHECK(b.answer.status == 499);
     CHECK(e.metrics().kv_bytes == baseline);
     CHECK(e.metrics().kv_reserved_bytes == 0);
+    if (method != AttnMethod::unified) CHECK(e.metrics().kv_allocated_bytes == baseline_held);
     // Prefilling a long new prompt (32 tokens per step): cancelled after one step, what it stored stays cached and
     // nothing else.
     std::vector<int32_t> longp = prompts[3];
