@@ -3,7 +3,8 @@
 the same process, on the same arrays and plan (cascade._cascade._time_runs), interleaved round by round, with
 a cache flush before every timed call as cascade-bench does.
 
-Points: a tiny step (the call overhead itself) and cascade-bench's K1 (--shape smollm2-135m, B 32, P 1230,
+Points: a tiny step (the call overhead itself), a tiny step of 32 sequences (K1's 66 K/V arrays, whose
+per-array costs K1's milliseconds of work would hide on a busy machine), and cascade-bench's K1 (--shape smollm2-135m, B 32, P 1230,
 own 1024, f16) and K2 (--shape llama3-8b, B 32, P 4096, own 64, f16). Variants: K/V as one NumPy array per
 segment or as one array holding all segments; fresh results or out=/lse=; bound (plan.bind(k, v) once,
 outside the timing, then bound.run(q): what an engine with preallocated K/V buffers calls once per layer);
@@ -33,6 +34,7 @@ except ImportError:  # optional
 POINTS = [
     # name, (q heads, KV heads, head dim), B, P, own tokens
     ("tiny", (9, 3, 64), 1, 16, 16),
+    ("tiny32", (9, 3, 64), 32, 16, 16),  # K1's 33 segments (66 K/V arrays), little work: the per-array cost
     ("K1", (9, 3, 64), 32, 1230, 1024),
     ("K2", (32, 8, 128), 32, 4096, 64),
 ]
@@ -104,7 +106,7 @@ def time_point(name, shape, batch, prefix, own, reps, flush, rng):
                 return time.perf_counter() - t0
         calls.append((label, py_call))
     # Many more repetitions for the tiny point: its times are microseconds.
-    n = reps * (50 if name == "tiny" else 1)
+    n = reps * (50 if name.startswith("tiny") else 1)
     times = {label: [] for label, _ in calls}
     for _ in range(3):  # warm-up
         for _, f in calls:
@@ -120,9 +122,9 @@ def time_point(name, shape, batch, prefix, own, reps, flush, rng):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=30, help="timed calls of each variant per point (tiny: 50x)")
+    ap.add_argument("--reps", type=int, default=30, help="timed calls of each variant per point (tiny ones: 50x)")
     ap.add_argument("--no-flush", action="store_true", help="keep the caches warm between calls")
-    ap.add_argument("--points", default="tiny,K1,K2", help="comma list of tiny, K1, K2")
+    ap.add_argument("--points", default="tiny,tiny32,K1,K2", help="comma list of tiny, tiny32, K1, K2")
     a = ap.parse_args()
     rng = np.random.default_rng(1)
     flush = None if a.no_flush else Flusher()
