@@ -4,11 +4,11 @@ the same process, on the same arrays and plan (cascade._cascade._time_runs), int
 a cache flush before every timed call as cascade-bench does.
 
 Points: a tiny step (the call overhead itself), a tiny step of 32 sequences (K1's 66 K/V arrays, whose
-per-array costs K1's milliseconds of work would hide on a busy machine), and cascade-bench's K1 (--shape smollm2-135m, B 32, P 1230,
-own 1024, f16) and K2 (--shape llama3-8b, B 32, P 4096, own 64, f16). Variants: K/V as one NumPy array per
-segment or as one array holding all segments; fresh results or out=/lse=; bound (plan.bind(k, v) once,
-outside the timing, then bound.run(q): what an engine with preallocated K/V buffers calls once per layer);
-the same with PyTorch tensors when PyTorch is installed.
+per-array costs K1's milliseconds of work would hide on a busy machine), and cascade-bench's K1 (--shape
+smollm2-135m, B 32, P 1230, own 1024, f16) and K2 (--shape llama3-8b, B 32, P 4096, own 64, f16). Variants:
+K/V as one NumPy array per segment or as one array holding all segments; fresh results or out=/lse=; bound
+(plan.bind(k, v) once, outside the timing, then bound.run(q): what an engine with preallocated K/V buffers
+calls once per layer); the same with PyTorch tensors when PyTorch is installed.
 
     PYTHONPATH=build/python build/venv/bin/python bench/python_overhead.py [--reps 30] [--no-flush]
 
