@@ -3,10 +3,12 @@
 the same process, on the same arrays and plan (cascade._cascade._time_runs), interleaved round by round, with
 a cache flush before every timed call as cascade-bench does.
 
-Points: a tiny step (the call overhead itself) and cascade-bench's K1 (--shape smollm2-135m, B 32, P 1230,
-own 1024, f16) and K2 (--shape llama3-8b, B 32, P 4096, own 64, f16). Variants: K/V as one NumPy array per
-segment or as one array holding all segments; fresh results or out=/lse=; the same with PyTorch tensors
-when PyTorch is installed.
+Points: a tiny step (the call overhead itself), a tiny step of 32 sequences (K1's 66 K/V arrays, whose
+per-array costs K1's milliseconds of work would hide on a busy machine), and cascade-bench's K1 (--shape
+smollm2-135m, B 32, P 1230, own 1024, f16) and K2 (--shape llama3-8b, B 32, P 4096, own 64, f16). Variants:
+K/V as one NumPy array per segment or as one array holding all segments; fresh results or out=/lse=; bound
+(plan.bind(k, v) once, outside the timing, then bound.run(q): what an engine with preallocated K/V buffers
+calls once per layer); the same with PyTorch tensors when PyTorch is installed.
 
     PYTHONPATH=build/python build/venv/bin/python bench/python_overhead.py [--reps 30] [--no-flush]
 
@@ -32,6 +34,7 @@ except ImportError:  # optional
 POINTS = [
     # name, (q heads, KV heads, head dim), B, P, own tokens
     ("tiny", (9, 3, 64), 1, 16, 16),
+    ("tiny32", (9, 3, 64), 32, 16, 16),  # K1's 33 segments (66 K/V arrays), little work: the per-array cost
     ("K1", (9, 3, 64), 32, 1230, 1024),
     ("K2", (32, 8, 128), 32, 4096, 64),
 ]
@@ -62,18 +65,24 @@ def variants(plan, rng, shape):
     v_list = [v_all[a:b] for a, b in zip(starts[:-1], starts[1:])]
     q = rng.uniform(-1, 1, (plan.n_rows, hq, d)).astype(np.float32)
     out, lse = np.empty_like(q), np.empty((plan.n_rows, hq), np.float32)
+    # (label, k, v, q, keywords, bound): bound variants bind k, v once and time bound.run(q, **keywords).
     vs = [
-        ("numpy, list", k_list, v_list, q, {}),
-        ("numpy, list, out=", k_list, v_list, q, {"out": out, "lse": lse}),
-        ("numpy, one array", k_all, v_all, q, {}),
-        ("numpy, one array, out=", k_all, v_all, q, {"out": out, "lse": lse}),
+        ("numpy, list", k_list, v_list, q, {}, False),
+        ("numpy, list, out=", k_list, v_list, q, {"out": out, "lse": lse}, False),
+        ("numpy, one array", k_all, v_all, q, {}, False),
+        ("numpy, one array, out=", k_all, v_all, q, {"out": out, "lse": lse}, False),
+        ("numpy, list, bound", k_list, v_list, q, {}, True),
+        ("numpy, list, bound, out=", k_list, v_list, q, {"out": out, "lse": lse}, True),
     ]
     if torch is not None:
         t = torch.from_numpy
+        tk, tv = [t(x) for x in k_list], [t(x) for x in v_list]
         vs += [
-            ("torch, list", [t(x) for x in k_list], [t(x) for x in v_list], t(q), {}),
-            ("torch, one array", t(k_all), t(v_all), t(q), {}),
-            ("torch, one array, out=", t(k_all), t(v_all), t(q), {"out": t(out), "lse": t(lse)}),
+            ("torch, list", tk, tv, t(q), {}, False),
+            ("torch, one array", t(k_all), t(v_all), t(q), {}, False),
+            ("torch, one array, out=", t(k_all), t(v_all), t(q), {"out": t(out), "lse": t(lse)}, False),
+            ("torch, list, bound", tk, tv, t(q), {}, True),
+            ("torch, list, bound, out=", tk, tv, t(q), {"out": t(out), "lse": t(lse)}, True),
         ]
     return vs
 
@@ -84,14 +93,20 @@ def time_point(name, shape, batch, prefix, own, reps, flush, rng):
     vs = variants(plan, rng, shape)
     k0, v0, q0 = vs[0][1], vs[0][2], vs[0][3]
     calls = [("C++", lambda: _cascade._time_runs(plan, k0, v0, q0, 1)[0])]
-    for label, k, v, q, kw in vs:
-        def py_call(k=k, v=v, q=q, kw=kw):
-            t0 = time.perf_counter()
-            plan.run(k, v, q, **kw)
-            return time.perf_counter() - t0
+    for label, k, v, q, kw, bound in vs:
+        if bound:
+            def py_call(b=plan.bind(k, v), q=q, kw=kw):
+                t0 = time.perf_counter()
+                b.run(q, **kw)
+                return time.perf_counter() - t0
+        else:
+            def py_call(k=k, v=v, q=q, kw=kw):
+                t0 = time.perf_counter()
+                plan.run(k, v, q, **kw)
+                return time.perf_counter() - t0
         calls.append((label, py_call))
     # Many more repetitions for the tiny point: its times are microseconds.
-    n = reps * (50 if name == "tiny" else 1)
+    n = reps * (50 if name.startswith("tiny") else 1)
     times = {label: [] for label, _ in calls}
     for _ in range(3):  # warm-up
         for _, f in calls:
@@ -107,9 +122,9 @@ def time_point(name, shape, batch, prefix, own, reps, flush, rng):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=30, help="timed calls of each variant per point (tiny: 50x)")
+    ap.add_argument("--reps", type=int, default=30, help="timed calls of each variant per point (tiny ones: 50x)")
     ap.add_argument("--no-flush", action="store_true", help="keep the caches warm between calls")
-    ap.add_argument("--points", default="tiny,K1,K2", help="comma list of tiny, K1, K2")
+    ap.add_argument("--points", default="tiny,tiny32,K1,K2", help="comma list of tiny, tiny32, K1, K2")
     a = ap.parse_args()
     rng = np.random.default_rng(1)
     flush = None if a.no_flush else Flusher()

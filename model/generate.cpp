@@ -88,7 +88,7 @@ class Generation {
       : model_(model), hp_(model.hparams()), prompts_(prompts), params_(params), is_eog_(is_eog),
         on_token_(on_token), res_(res), n_seq_(int(prompts.size()) * params.n_parallel) {}
 
-  void prefill();
+  void prefill(const std::function<void(int64_t, int64_t)>& on_prefill);
   void start_sequences();
   bool decode_step(int step, const std::function<void(int, const StepStat&)>& on_step);
   void finish();
@@ -116,7 +116,7 @@ class Generation {
 // Every node of the prompt tree once, in order (parents first), in passes of at most n_batch rows; each
 // node (or piece of one) in a pass is one entry of its step, its rows attending its ancestors and
 // causally itself. Keeps the last row's logits of every prompt.
-void Generation::prefill() {
+void Generation::prefill(const std::function<void(int64_t, int64_t)>& on_prefill) {
   const PromptTree& tree = res_.tree;
   prompt_cache_ = make_prefill_cache(params_.attn, int(hp_.n_layer), hp_.head_shape(), params_.kv_dtype);
   if (params_.cost_model) prompt_cache_->set_cost_model(*params_.cost_model);
@@ -158,6 +158,7 @@ void Generation::prefill() {
     for (size_t j = 0; j < logit_rows.size(); ++j)
       for (int p : node_prompts[size_t(logit_nodes[j])])
         std::copy_n(logits.data() + j * size_t(hp_.n_vocab), hp_.n_vocab, prompt_logits_.data() + p * size_t(hp_.n_vocab));
+    if (on_prefill) on_prefill(int64_t(r1), int64_t(all_rows.size()));
   }
   res_.prompt_attn_ms = tm.attention * 1e3;
 }
@@ -255,7 +256,8 @@ void Generation::finish() {
 GenerateResult generate(const llama::Model& model, const std::vector<std::vector<int32_t>>& prompts,
                         const GenerateParams& params, const std::function<bool(int32_t)>& is_eog,
                         const std::function<void(int, const StepStat&)>& on_step,
-                        const std::function<void(int, int32_t)>& on_token) {
+                        const std::function<void(int, int32_t)>& on_token,
+                        const std::function<void(int64_t, int64_t)>& on_prefill) {
   params.validate();
   CASCADE_CHECK(!prompts.empty(), "no prompts");
   const llama::Hparams& hp = model.hparams();
@@ -285,7 +287,7 @@ GenerateResult generate(const llama::Model& model, const std::vector<std::vector
     }
     Generation gen(model, prompts, p, is_eog, on_token, res);
     const auto t_prompt = Clock::now();
-    gen.prefill();
+    gen.prefill(on_prefill);
     gen.start_sequences();
     res.prompt_ms = ms_since(t_prompt);
     for (int step = 0; gen.decode_step(step, on_step); ++step) {

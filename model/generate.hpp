@@ -87,9 +87,12 @@ struct GenerateResult {
 // on_step(index, stat) runs after every decode step (progress, periodic statistics). on_token(s, id) runs
 // for every token that becomes part of sequence s, in order (its first from the prompt's logits, then one
 // per decode step; never the end-of-generation token): streaming a sequence's text as it is generated.
+// on_prefill(done, total) runs after every prefill pass, with the prompt tokens prefilled so far and in all:
+// progress, or a check for interruption (an exception thrown there, as from on_step, leaves generate()).
 GenerateResult generate(const llama::Model& model, const std::vector<std::vector<int32_t>>& prompts,
                         const GenerateParams& params, const std::function<bool(int32_t)>& is_eog,
                         const std::function<void(int, const StepStat&)>& on_step = {},
-                        const std::function<void(int, int32_t)>& on_token = {});
+                        const std::function<void(int, int32_t)>& on_token = {},
+                        const std::function<void(int64_t, int64_t)>& on_prefill = {});
 
 }  // namespace cascade

@@ -223,6 +223,42 @@ TEST_CASE("generate: a prefill in small chunks gives the same text as one pass (
   for (size_t s = 0; s < prompts.size(); ++s) CHECK(a.sequences[s].tokens == b.sequences[s].tokens);
 }
 
+TEST_CASE("generate: on_prefill runs after every prefill pass, and what it throws stops the prefill") {
+  require_model();
+  const Loaded& m = loaded();
+  std::vector<std::vector<int32_t>> prompts;
+  for (const std::string& p : kPrompts) prompts.push_back(m.tok.encode(p));
+  GenerateParams gp;
+  gp.n_predict = 2;
+  gp.n_parallel = 1;
+  gp.sampling.temp = 0;
+  gp.n_batch = 3;
+  std::vector<std::pair<int64_t, int64_t>> calls;
+  int steps = 0;
+  const GenerateResult r = generate(
+      m.model, prompts, gp, nullptr, [&](int, const StepStat&) { ++steps; }, {},
+      [&](int64_t done, int64_t total) { calls.emplace_back(done, total); });
+  const int64_t total = r.n_prompt_stored;
+  REQUIRE(calls.size() == size_t((total + 2) / 3));  // one call per pass of at most 3 tokens
+  for (size_t i = 0; i < calls.size(); ++i) {
+    CHECK(calls[i].second == total);
+    CHECK(calls[i].first == std::min(total, int64_t(3 * (i + 1))));
+  }
+  CHECK(steps >= 1);
+  // Thrown from the second pass: generate() leaves there, before any decode step.
+  struct Stop {};
+  int passes = 0;
+  steps = 0;
+  CHECK_THROWS_AS(generate(
+                      m.model, prompts, gp, nullptr, [&](int, const StepStat&) { ++steps; }, {},
+                      [&](int64_t, int64_t) {
+                        if (++passes == 2) throw Stop{};
+                      }),
+                  Stop);
+  CHECK(passes == 2);
+  CHECK(steps == 0);
+}
+
 TEST_CASE("generate: a sequence that fills the context stops there, with a note from the tool") {
   require_model();
   const Loaded& m = loaded();

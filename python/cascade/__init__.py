@@ -4,10 +4,14 @@ Kernels (plan once per step, run once per layer):
 
     plan = cascade.Plan.two_level(1000, [50] * 4, n_q_heads=8, n_kv_heads=2, head_dim=64)
     o, lse = plan.run(k, v, q)      # k, v: one (tokens, n_kv_heads, head_dim) array per segment
+    layer = plan.bind(k, v)         # or bind a layer's K/V once (checked and converted once) ...
+    o, lse = layer.run(q)           # ... and run it with each q: a call costs the same for any segment count
 
 - ``Plan(segments, paths, n_query, ...)``: any tree of K/V segments; ``Plan.two_level`` and
   ``Plan.independent`` for the common shapes; ``method='auto'`` lets a cost model (``CostModel``) choose,
   per segment, between one shared pass and folding it into its sequences.
+- ``Plan.bind(k, v)`` -> ``BoundPlan``: the plan and one layer's K/V, held (kept alive) and read in place on
+  every ``run(q)``; for many segments it saves the per-array conversion Plan.run pays on every call.
 - ``SplitLayout`` and ``UnifiedLayout``: the two baselines (K/V copied per sequence; one buffer with a mask).
 - ``merge_state``, ``merge_state_in_place``, ``merge_states``: the exact merge of attention states
   ``(o, lse)``, lse in natural log, the empty state ``(0, -inf)``.
@@ -28,6 +32,7 @@ import warnings
 from typing import Optional, Sequence, Union
 
 from ._cascade import (  # noqa: F401  (re-exported)
+    BoundPlan,
     CostModel,
     Plan,
     SplitLayout,
@@ -40,6 +45,7 @@ from ._cascade import (  # noqa: F401  (re-exported)
 from . import _cascade
 
 __all__ = [
+    "BoundPlan",
     "CostModel",
     "Plan",
     "SplitLayout",
@@ -127,8 +133,8 @@ class Model:
         ($XDG_CACHE_HOME/cascade, else ~/.cache/cascade; the file cascade-generate uses) or, the first time,
         calibrates it (about 0.3 s) and keeps it there; recalibrate=True measures it anew. A cache that
         cannot be read or written is a RuntimeWarning, and the run calibrates for itself.
-        The GIL is released while it runs; Ctrl-C (KeyboardInterrupt) stops it after the current decode step
-        and leaves the model usable."""
+        The GIL is released while it runs; Ctrl-C (KeyboardInterrupt) stops it after the current prefill pass
+        (at most batch_size prompt tokens) or decode step and leaves the model usable."""
         if isinstance(prompts, str):
             prompts = [prompts]
         elif not isinstance(prompts, (list, tuple)) or not all(isinstance(p, str) for p in prompts):

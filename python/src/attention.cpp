@@ -262,6 +262,19 @@ struct PyUnified {
   cpu::UnifiedPlan plan;
 };
 
+// A plan bound to one layer's K/V (Plan.bind): the arrays validated and their views made once, the arrays kept
+// alive by the references their ArrayRefs hold, the plan by `owner`. run(q)
+// then converts q, o and lse only: a call costs the same whatever the number of segments. The views see the
+// arrays' memory, so K/V written in place between runs (an engine's preallocated cache) are read as they are.
+struct PyBound {
+  PyBound(nb::object owner_, const PyPlan* plan_) : owner(std::move(owner_)), plan(plan_) {}
+  PyBound(PyBound&&) = default;
+  PyBound(const PyBound&) = delete;  // move-only (its ArrayRefs are): nanobind then moves it into Python
+  nb::object owner;  // the Python Plan `plan` belongs to
+  const PyPlan* plan;
+  KvArgs kv;
+};
+
 // Times n runs of plan on k, v, q from C++ (views made once, outside the timing), in seconds each: the
 // baseline Python's call overhead is measured against (bench/python_overhead.py).
 std::vector<double> time_runs(const PyPlan& p, nb::handle k, nb::handle v, nb::handle q_obj, int n) {
@@ -295,6 +308,14 @@ constexpr const char* kPlanDoc =
     "all of the machine's.\n\n"
     "Query rows are laid out sequence after sequence: sequence s owns rows [row_begin[s], row_begin[s] +\n"
     "n_query[s]).";
+
+constexpr const char* kBindDoc =
+    "This plan bound to one layer's K/V: returns a BoundPlan, whose run(q) is Plan.run(k, v, q).\n\n"
+    "k, v as Plan.run takes them; they are checked and their layout read once, here, so a bound run costs the\n"
+    "same whatever the number of segments (Plan.run converts every array on every call). The BoundPlan keeps\n"
+    "k, v and this plan alive and reads the arrays' memory on every run: K/V written in place between runs\n"
+    "are seen; an array must not be resized or reallocated in place (ndarray.resize, Tensor.resize_) meanwhile.\n"
+    "Bind once per layer and step (or once per preallocated buffer) and run it with each step's q.";
 
 constexpr const char* kRunDoc =
     "Attention of one layer: returns (o, lse).\n\n"
@@ -395,6 +416,15 @@ void bind_attention(nb::module_& m) {
           },
           nb::arg("k"), nb::arg("v"), nb::arg("q"), nb::kw_only(), nb::arg("out") = nb::none(),
           nb::arg("lse") = nb::none(), kRunDoc)
+      .def(
+          "bind",
+          [](nb::handle self, nb::handle k, nb::handle v) {
+            const PyPlan& p = nb::cast<const PyPlan&>(self);
+            PyBound b(nb::borrow(self), &p);
+            kv_views(p.plan.tree(), k, v, b.kv);
+            return b;
+          },
+          nb::arg("k"), nb::arg("v"), kBindDoc)
       .def_prop_ro("n_rows", [](const PyPlan& p) { return p.plan.n_rows(); })
       .def_prop_ro("n_segments", [](const PyPlan& p) { return p.plan.n_segments(); })
       .def_prop_ro("n_sequences", [](const PyPlan& p) { return p.plan.n_sequences(); })
@@ -437,6 +467,26 @@ void bind_attention(nb::module_& m) {
         return cat("Plan(", p.plan.n_segments(), " segments, ", p.plan.n_sequences(), " sequences, ",
                    p.plan.n_rows(), " query rows, heads ", s.n_q_heads, "/", s.n_kv_heads, "/", s.head_dim,
                    ", method='", p.method, "')");
+      });
+
+  nb::class_<PyBound>(m, "BoundPlan",
+                      "A Plan bound to one layer's K/V (Plan.bind(k, v)): run(q) attends them, converting only\n"
+                      "q and the results. It keeps the plan and the K/V arrays alive.")
+      .def(
+          "run",
+          [](const PyBound& b, nb::handle q, nb::handle out, nb::handle lse) {
+            const Plan& plan = b.plan->plan;
+            return run_with_queries(plan.shape(), plan.n_rows(), q, out, lse,
+                                    [&](const float* qf, float* of, float* lf) {
+                                      cpu::run(plan, b.kv.views, qf, of, lf);
+                                    });
+          },
+          nb::arg("q"), nb::kw_only(), nb::arg("out") = nb::none(), nb::arg("lse") = nb::none(),
+          "As Plan.run, on the bound K/V.")
+      .def_prop_ro("plan", [](const PyBound& b) { return b.owner; }, "The Plan it runs.")
+      .def("__repr__", [](const PyBound& b) {
+        return cat("BoundPlan(", b.plan->plan.n_segments(), " segments, ", b.plan->plan.n_rows(), " query rows, K/V ",
+                   b.kv.arrays.size() == 2 ? "in one array" : "one array per segment", ")");
       });
 
   nb::class_<PySplit>(m, "SplitLayout",

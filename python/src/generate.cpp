@@ -1,5 +1,6 @@
 // Generation from Python: a Llama-style GGUF model (model/llama.hpp) with its tokenizer, and generate()
-// (model/generate.hpp), which runs with the GIL released and checks for Ctrl-C after every decode step.
+// (model/generate.hpp), which runs with the GIL released and checks for Ctrl-C after every prefill pass and
+// every decode step.
 #include "bindings.hpp"
 
 #include <nanobind/stl/optional.h>
@@ -119,13 +120,17 @@ nb::dict generate_py(const PyModel& m, const GenerateArgs& a) {
       profile_note = c.note;
       calibrate_ms = c.calibrate_s * 1e3;
     }
-    // After every decode step: take the GIL for a moment and let Python run its signal handlers; a
-    // KeyboardInterrupt (Ctrl-C) raised there unwinds generate() as a C++ exception and reaches the caller.
-    const auto on_step = [](int, const StepStat&) {
+    // After every prefill pass (at most batch_size tokens) and every decode step: take the GIL for a moment
+    // and let Python run its signal handlers; a KeyboardInterrupt (Ctrl-C) raised there unwinds generate() as
+    // a C++ exception and reaches the caller.
+    const auto check_signals = [] {
       nb::gil_scoped_acquire acquire;
       if (PyErr_CheckSignals() != 0) throw nb::python_error();
     };
-    r = generate(*m.model, prompts, params, [&](int32_t id) { return !ignore_eos && tok.is_eog(id); }, on_step);
+    const auto on_step = [&](int, const StepStat&) { check_signals(); };
+    const auto on_prefill = [&](int64_t, int64_t) { check_signals(); };
+    r = generate(*m.model, prompts, params, [&](int32_t id) { return !ignore_eos && tok.is_eog(id); }, on_step, {},
+                 on_prefill);
     for (const SequenceResult& sq : r.sequences) texts.push_back(tok.decode(sq.tokens, false));
   }
   nb::list seqs_tokens, seqs_prompt, seqs_stop, step_ms, step_attn_ms, step_plan_ms;

@@ -149,6 +149,44 @@ def test_ctrl_c_stops_generation_cleanly():
     assert lines[0].startswith("interrupted after") and lines[1] == "still usable 3", out
 
 
+def test_ctrl_c_stops_the_prefill():
+    # A long prompt and no decode step (max_tokens=0): Ctrl-C must stop it between prefill passes, not when
+    # the prefill is over. The full prefill's time is estimated from a short prompt's at the same batch size.
+    script = textwrap.dedent(f"""
+        import signal, sys, time, cascade
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        m = cascade.Model({str(MODEL)!r})
+        short, long = "one two three four " * 16, "one two three four " * 1000
+        r = m.generate(short, n=1, max_tokens=0, batch_size=4, attn="cascade")
+        estimate = r.timings["prompt_ms"] / 1e3 * len(m.tokenize(long)) / len(m.tokenize(short))
+        print("ready", estimate, flush=True)
+        t0 = time.time()
+        try:
+            m.generate(long, n=1, max_tokens=0, batch_size=4, n_ctx=8192, attn="cascade")
+            print("not interrupted", flush=True)
+        except KeyboardInterrupt:
+            print(f"interrupted after {{time.time() - t0:.2f}}", flush=True)
+        r = m.generate("Once upon a time", n=1, max_tokens=3, temperature=0, ignore_eos=True)
+        print("still usable", len(r.tokens[0]), flush=True)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env)
+    ready = p.stdout.readline().split()
+    assert ready[0] == "ready", ready
+    estimate = float(ready[1])
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("interrupted after") and lines[1] == "still usable 3", out
+    if estimate < 3:
+        pytest.skip(f"the prefill would take {estimate:.1f} s here: too short to tell a stop between passes")
+    # Stopped between passes: well before the prefill's end (the signal came 0.5 s in).
+    assert float(lines[0].split()[-1]) < 0.5 * estimate, (out, estimate)
+
+
 def test_bad_arguments(model):
     with pytest.raises(ValueError, match=r"^attn: unknown attention method 'fast'"):
         model.generate("x", attn="fast")

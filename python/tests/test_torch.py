@@ -91,6 +91,26 @@ def test_two_level_concatenated_tensor_views_and_out(rng):
     close(o3, out.double(), torch.float32, "unified vs cascade")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_bound_tensors_against_sdpa_and_kept_alive(rng, dtype):
+    hq, hkv, d = 8, 2, 64
+    gen = torch.Generator().manual_seed(int(rng.integers(1 << 31)))
+    for trial in range(3):
+        lengths, paths, n_query = random_tree(rng)
+        plan = cascade.Plan(lengths, paths, n_query, n_q_heads=hq, n_kv_heads=hkv, head_dim=d)
+        k = [torch.rand(n, hkv, d, generator=gen).mul(2).sub(1).to(dtype) for n in lengths]
+        v = [torch.rand(n, hkv, d, generator=gen).mul(2).sub(1).to(dtype) for n in lengths]
+        k_ref, v_ref = [x.clone() for x in k], [x.clone() for x in v]
+        bound = plan.bind(k, v)
+        del k, v  # the bound plan holds the tensors
+        junk = [torch.full((64, hkv, d), 7.0, dtype=dtype) for _ in range(8)]
+        q = torch.rand(plan.n_rows, hq, d, generator=gen).mul(2).sub(1).to(dtype)
+        o, lse = bound.run(q)
+        assert isinstance(o, torch.Tensor) and o.dtype == dtype and lse.dtype == torch.float32
+        close(o, sdpa(k_ref, v_ref, q, paths, n_query, default_scale(d)), dtype, f"bound {lengths} {paths} {dtype}")
+        del junk
+
+
 def test_merge_state_with_tensors(rng):
     o_a, o_b = torch.randn(5, 3, 16, dtype=torch.bfloat16), torch.randn(5, 3, 16, dtype=torch.bfloat16)
     l_a, l_b = torch.randn(5, 3), torch.randn(5, 3)

@@ -1,0 +1,234 @@
+"""cascade's kernels and generation (see the package cascade)"""
+
+from collections.abc import Sequence
+
+
+def merge_state(o_a: object, lse_a: object, o_b: object, lse_b: object) -> tuple:
+    """
+    The exact merge of two attention states: (o, lse) of the union of their keys.
+
+    o_a, o_b: (..., head_dim), float32, float16 or bfloat16; lse_a, lse_b: (...), float32, natural log.
+    An empty state is (0, -inf): merging with it is the identity, two empty states give an empty one.
+    Returns (o, lse): o in o_a's dtype, lse float32, in o_a's framework (NumPy or PyTorch).
+    """
+
+def merge_state_in_place(o_a: object, lse_a: object, o_b: object, lse_b: object) -> None:
+    """merge_state, written into o_a and lse_a (which must be writable)."""
+
+def merge_states(o: object, lse: object) -> tuple:
+    """
+    The exact merge of n attention states stacked on the first axis.
+
+    o: (n, ..., head_dim), lse: (n, ...). Returns (o, lse) of shapes (..., head_dim) and (...); n = 0 gives
+    empty states (0, -inf).
+    """
+
+class CostModel:
+    """
+    auto's cost model of this machine: calibrate() measures one, save()/load() keep it.
+    """
+
+    @staticmethod
+    def calibrate(threads: int = 0, n_kv_heads: int = 4, head_dim: int = 64) -> CostModel:
+        """
+        Fits the cost model on this machine (about half a second), with the head shape it will price.
+        """
+
+    @staticmethod
+    def load(path: str) -> CostModel:
+        """Reads a profile written by save()."""
+
+    @staticmethod
+    def parse(text: str) -> CostModel:
+        """Reads a profile from str(model)."""
+
+    def save(self, path: str) -> None: ...
+
+    def __str__(self) -> str: ...
+
+    def __repr__(self) -> str: ...
+
+    @property
+    def threads(self) -> int: ...
+
+    @property
+    def n_kv_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def read_bw(self) -> float: ...
+
+    @property
+    def small_bw(self) -> float: ...
+
+    @property
+    def small_mac(self) -> float: ...
+
+    @property
+    def tiled_bw(self) -> float: ...
+
+    @property
+    def tiled_mac(self) -> float: ...
+
+    @property
+    def item_s(self) -> float: ...
+
+    @property
+    def tiled_item_s(self) -> float: ...
+
+class Plan:
+    """
+    The plan of one step of attention over a tree of K/V segments: made once, run by every layer.
+
+    Plan(segments, paths, n_query=1, *, n_q_heads, n_kv_heads, head_dim, scale=None, method='cascade',
+         cost_model=None, kv_dtype='float16', threads=0)
+
+    segments: the segments' lengths in tokens. paths: per sequence, its segment ids from a root to its leaf
+    (its keys are those segments' tokens, in order). n_query: query tokens per sequence (an int for all, or
+    a list); they are the last positions of the sequence's keys and attend causally. scale: softmax scale
+    (default 1/sqrt(head_dim)). method: 'cascade' (every segment attended once by all the queries below it)
+    or 'auto' (each segment shared or folded into its sequences as a cost model predicts faster; cost_model:
+    a CostModel, or None to calibrate once per process). kv_dtype: the K/V type auto prices. threads: 0 for
+    all of the machine's.
+
+    Query rows are laid out sequence after sequence: sequence s owns rows [row_begin[s], row_begin[s] +
+    n_query[s]).
+    """
+
+    def __init__(self, segments: Sequence[int], paths: Sequence[Sequence[int]], n_query: object = 1, *, n_q_heads: int, n_kv_heads: int, head_dim: int, scale: float | None = None, method: str = 'cascade', cost_model: CostModel | None = None, kv_dtype: object = 'float16', threads: int = 0) -> None: ...
+
+    @staticmethod
+    def two_level(n_prefix: int, n_own: Sequence[int], n_query: int = 1, *, n_q_heads: int, n_kv_heads: int, head_dim: int, scale: float | None = None, method: str = 'cascade', cost_model: CostModel | None = None, kv_dtype: object = 'float16', threads: int = 0) -> Plan:
+        """
+        The common tree: one shared prefix (segment 0, n_prefix tokens) and below it one own segment per
+        sequence (segment s + 1, n_own[s] tokens), n_query query tokens per sequence. Options as Plan().
+        """
+
+    @staticmethod
+    def independent(n_tokens: Sequence[int], n_query: object = 1, *, n_q_heads: int, n_kv_heads: int, head_dim: int, scale: float | None = None, method: str = 'cascade', cost_model: CostModel | None = None, kv_dtype: object = 'float16', threads: int = 0) -> Plan:
+        """
+        Every sequence on its own: sequence s attends only segment s (n_tokens[s] tokens). Options as Plan().
+        """
+
+    def run(self, k: object, v: object, q: object, *, out: object | None = None, lse: object | None = None) -> tuple:
+        """
+        Attention of one layer: returns (o, lse).
+
+        k, v: a list of one array per segment, (tokens, n_kv_heads, head_dim), or one array holding every
+        segment's tokens in segment order; float32, float16 or bfloat16; read in place (any strides with a dense
+        head_dim axis, K and V with the same layout). q: (n_rows, n_q_heads, head_dim), float32, float16 or
+        bfloat16. o has q's shape and dtype, lse is (n_rows, n_q_heads) float32 (natural log; -inf for a row
+        that sees no key, whose o is 0); both in q's framework, or written into out= and lse= (C-contiguous).
+        Computed in float32; the GIL is released meanwhile, so threads may run plans at once.
+        """
+
+    def bind(self, k: object, v: object) -> BoundPlan:
+        """
+        This plan bound to one layer's K/V: returns a BoundPlan, whose run(q) is Plan.run(k, v, q).
+
+        k, v as Plan.run takes them; they are checked and their layout read once, here, so a bound run costs the
+        same whatever the number of segments (Plan.run converts every array on every call). The BoundPlan keeps
+        k, v and this plan alive and reads the arrays' memory on every run: K/V written in place between runs
+        are seen; an array must not be resized or reallocated in place (ndarray.resize, Tensor.resize_) meanwhile.
+        Bind once per layer and step (or once per preallocated buffer) and run it with each step's q.
+        """
+
+    @property
+    def n_rows(self) -> int: ...
+
+    @property
+    def n_segments(self) -> int: ...
+
+    @property
+    def n_sequences(self) -> int: ...
+
+    @property
+    def n_q_heads(self) -> int: ...
+
+    @property
+    def n_kv_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def scale(self) -> float: ...
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def threads(self) -> int: ...
+
+    @property
+    def segments(self) -> list[int]: ...
+
+    @property
+    def paths(self) -> list[list[int]]: ...
+
+    @property
+    def n_query(self) -> list[int]: ...
+
+    @property
+    def row_begin(self) -> list[int]: ...
+
+    @property
+    def workspace_floats(self) -> int: ...
+
+    @property
+    def choice(self) -> object:
+        """
+        auto's decision (None for method='cascade'): changed, predicted_tree_s, predicted_chosen_s,
+        and per segment shared (attended once) and n_passes (passes over its K/V).
+        """
+
+    def __repr__(self) -> str: ...
+
+class BoundPlan:
+    """
+    A Plan bound to one layer's K/V (Plan.bind(k, v)): run(q) attends them, converting only
+    q and the results. It keeps the plan and the K/V arrays alive.
+    """
+
+    def run(self, q: object, *, out: object | None = None, lse: object | None = None) -> tuple:
+        """As Plan.run, on the bound K/V."""
+
+    @property
+    def plan(self) -> object:
+        """The Plan it runs."""
+
+    def __repr__(self) -> str: ...
+
+class SplitLayout:
+    """
+    The split baseline: every sequence's keys copied into a buffer of its own (shared segments
+    once per sequence), attended sequence by sequence. SplitLayout(plan, k, v) copies k, v
+    (as Plan.run takes them); run(q) attends.
+    """
+
+    def __init__(self, plan: Plan, k: object, v: object) -> None: ...
+
+    def run(self, q: object, *, out: object | None = None, lse: object | None = None) -> tuple:
+        """As Plan.run, on the copied K/V."""
+
+    @property
+    def kv_bytes(self) -> int: ...
+
+class UnifiedLayout:
+    """
+    The unified baseline: every segment stored once in one buffer, every query row scoring
+    every key under a sequence mask. UnifiedLayout(plan, k, v) copies k, v (one dtype);
+    run(q) attends.
+    """
+
+    def __init__(self, plan: Plan, k: object, v: object) -> None: ...
+
+    def run(self, q: object, *, out: object | None = None, lse: object | None = None) -> tuple:
+        """As Plan.run, on the copied K/V."""
+
+    @property
+    def kv_bytes(self) -> int: ...
+
+__version__: str
