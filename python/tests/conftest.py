@@ -3,6 +3,7 @@
 import math
 import os
 import pathlib
+import threading
 
 import numpy as np
 import pytest
@@ -77,6 +78,25 @@ def assert_close(got, ref, dtype, what):
     worst = np.nanmax(np.where(np.isnan(err), np.inf, err - bound)) if err.size else -1
     assert not np.isnan(got).any(), f"{what}: NaN in the result"
     assert worst <= 0, f"{what}: max |got - ref| - bound = {worst:.3g} (atol {atol}, rtol {rtol})"
+
+
+def in_threads(body, *args_per_thread):
+    """Runs body(args) on one thread per args at once; raises the first exception any of them raised."""
+    errors = []
+
+    def run(args):
+        try:
+            body(args)
+        except Exception as e:  # reported by the calling thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(a,)) for a in args_per_thread]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def default_scale(head_dim):

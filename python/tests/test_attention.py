@@ -1,12 +1,11 @@
 """Plan.run, SplitLayout and UnifiedLayout against the float64 NumPy reference on fresh random problems."""
 
-import threading
 
 import numpy as np
 import pytest
 
 import cascade
-from conftest import assert_close, default_scale, random_kv, random_tree, reference_attention
+from conftest import assert_close, default_scale, in_threads, random_kv, random_tree, reference_attention
 
 SHAPES = [(4, 4, 64), (8, 2, 64), (8, 1, 32), (6, 3, 128), (4, 2, 80)]  # (q heads, KV heads, head dim)
 
@@ -148,25 +147,16 @@ def test_one_plan_for_many_layers_and_two_threads_at_once(rng):
         k, v = random_kv(rng, plan.segments, hkv, d, np.float16)
         q = rng.uniform(-1, 1, (plan.n_rows, hq, d)).astype(np.float32)
         layers.append((k, v, q, reference_attention(plan.paths, plan.n_query, k, v, q, default_scale(d))))
-    errors = []
 
     def worker(order):
-        try:
-            for _ in range(20):
-                for i in order:
-                    k, v, q, (ref_o, ref_lse) = layers[i]
-                    o, lse = plan.run(k, v, q)
-                    assert_close(o, ref_o, np.float32, f"layer {i} o (threaded)")
-                    assert_close(lse, ref_lse, np.float32, f"layer {i} lse (threaded)")
-        except Exception as e:  # reported by the main thread
-            errors.append(e)
+        for _ in range(20):
+            for i in order:
+                k, v, q, (ref_o, ref_lse) = layers[i]
+                o, lse = plan.run(k, v, q)
+                assert_close(o, ref_o, np.float32, f"layer {i} o (threaded)")
+                assert_close(lse, ref_lse, np.float32, f"layer {i} lse (threaded)")
 
-    threads = [threading.Thread(target=worker, args=(o,)) for o in ([0, 1, 2, 3], [3, 2, 1, 0])]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    in_threads(worker, [0, 1, 2, 3], [3, 2, 1, 0])
 
 
 def test_bad_arguments_name_the_argument(rng):

@@ -2,13 +2,12 @@
 K/V kept alive by the bound plan, K/V written in place between runs, bad arguments, two threads at once."""
 
 import gc
-import threading
 
 import numpy as np
 import pytest
 
 import cascade
-from conftest import assert_close, default_scale, random_kv, random_tree, reference_attention
+from conftest import assert_close, default_scale, in_threads, random_kv, random_tree, reference_attention
 
 SHAPES = [(4, 4, 64), (8, 2, 64), (8, 1, 32), (6, 3, 128)]  # (q heads, KV heads, head dim)
 
@@ -99,25 +98,16 @@ def test_bound_plans_two_threads_at_once(rng):
         k, v = random_kv(rng, plan.segments, hkv, d, np.float16)
         q = rng.uniform(-1, 1, (plan.n_rows, hq, d)).astype(np.float32)
         layers.append((plan.bind(k, v), q, reference_attention(plan.paths, plan.n_query, k, v, q, default_scale(d))))
-    errors = []
 
     def worker(order):
-        try:
-            for _ in range(15):
-                for i in order:
-                    bound, q, (ref_o, ref_lse) = layers[i]
-                    o, lse = bound.run(q)
-                    assert_close(o, ref_o, np.float32, f"layer {i} o (threaded)")
-                    assert_close(lse, ref_lse, np.float32, f"layer {i} lse (threaded)")
-        except Exception as e:  # reported by the main thread
-            errors.append(e)
+        for _ in range(15):
+            for i in order:
+                bound, q, (ref_o, ref_lse) = layers[i]
+                o, lse = bound.run(q)
+                assert_close(o, ref_o, np.float32, f"layer {i} o (threaded)")
+                assert_close(lse, ref_lse, np.float32, f"layer {i} lse (threaded)")
 
-    threads = [threading.Thread(target=worker, args=(o,)) for o in ([0, 1, 2, 3], [3, 2, 1, 0])]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    in_threads(worker, [0, 1, 2, 3], [3, 2, 1, 0])
 
 
 def test_bind_bad_arguments_name_the_argument(rng):
