@@ -11,9 +11,10 @@ bash scripts/setup.sh
 start=$SECONDS
 cxx=${CASCADE_SANITIZE_CXX:-g++}
 san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
-# -O1: fast enough for the real-model tests, and keeps the stack traces readable.
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER="$cxx" \
-  -DCMAKE_CXX_FLAGS="-O1 -g $san" -DCMAKE_EXE_LINKER_FLAGS="$san" \
+# -O1: fast enough for the real-model tests, and keeps the stack traces readable. -g1: functions and line tables,
+# all a sanitizer's report shows, in less build time than full debug info.
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_CXX_FLAGS_DEBUG="" \
+  -DCMAKE_CXX_FLAGS="-O1 -g1 $san" -DCMAKE_EXE_LINKER_FLAGS="$san" \
   -DCASCADE_BUILD_BENCH=OFF -DCASCADE_CUDA=OFF >/dev/null
 cmake --build build-asan -j2
 
@@ -32,6 +33,12 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 #    ASan on 2 cores. The other server engine: cases (cached prefixes, cancellation, eviction under a budget,
 #    stop strings, the queue, draining) run the instrumented engine.
 excluded='consumer_find_package|generate: greedy continuations are identical|server_http: shared_prompt'
+#  - "generate: a sequence samples the same text whatever the method ... (f32 path)" and "generate: a prefill in
+#    small chunks gives the same text as one pass (f32 path)" decode the real model on its f32 path several times
+#    for a token-for-token comparison: 52 s and 39 s under ASan. The instrumented runtime still samples, prefills
+#    in chunks and decodes with every method in the other generate: and server engine: cases.
+excluded+='|generate: a sequence samples the same text whatever the method.*f32 path'
+excluded+='|generate: a prefill in small chunks gives the same text as one pass .f32 path.'
 excluded+='|server engine: greedy texts equal|server engine: a seeded request writes the same text'
 ctest --test-dir build-asan --output-on-failure -j2 -E "^($excluded)" "$@"
 echo "sanitize: passed in $((SECONDS - start)) s"
