@@ -26,6 +26,8 @@
 //  12  AVX2 tiled: 16 rows x 4 keys
 //  13  AVX-512 few-rows, scores 8 rows x 2 keys at a time (production: 4 x 4)
 //  14  AVX2 few-rows, scores 4 rows x 2 keys at a time (production: 2 x 4)
+//  15  AVX-512 few-rows without its software prefetch (try --cold: from memory it is about half as fast)
+//  16  AVX2 few-rows without its software prefetch
 #include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
 
 #include <algorithm>
@@ -128,26 +130,26 @@ struct Avx2Tile {
     }
   };
 };
-template <int RG, int KG>
+template <int RG, int KG, bool Prefetch = true>
 struct Avx512Few {
   template <class T, int D>
   struct K {
     static Run run() {
       return [](const Problem& p, float* o, float* lse, Scratch& sc) {
-        avx512::few_attend<T, D / 16, LimitMask, RG, KG>(p.q.data(), p.rows, p.heads, p.kv, 0, 0, p.keys,
-                                                        LimitMask{p.limit.data()}, p.scale, o, lse, sc);
+        avx512::few_attend<T, D / 16, LimitMask, RG, KG, Prefetch>(p.q.data(), p.rows, p.heads, p.kv, 0, 0, p.keys,
+                                                                  LimitMask{p.limit.data()}, p.scale, o, lse, sc);
       };
     }
   };
 };
-template <int RG, int KG>
+template <int RG, int KG, bool Prefetch = true>
 struct Avx2Few {
   template <class T, int D>
   struct K {
     static Run run() {
       return [](const Problem& p, float* o, float* lse, Scratch& sc) {
-        avx2::few_attend<T, D / 8, LimitMask, RG, KG>(p.q.data(), p.rows, p.heads, p.kv, 0, 0, p.keys,
-                                                     LimitMask{p.limit.data()}, p.scale, o, lse, sc);
+        avx2::few_attend<T, D / 8, LimitMask, RG, KG, Prefetch>(p.q.data(), p.rows, p.heads, p.kv, 0, 0, p.keys,
+                                                               LimitMask{p.limit.data()}, p.scale, o, lse, sc);
       };
     }
   };
@@ -190,6 +192,9 @@ std::vector<Variant> variants(const Problem& p) {
   v.push_back({"AVX2 tiled 16x4", typed<Avx2Tile<2, 4>::K>(p), false, avx2});
   v.push_back({"AVX-512 few-rows, scores 8x2", typed<Avx512Few<8, 2>::K>(p), false, avx512 && p.dim % 16 == 0});
   v.push_back({"AVX2 few-rows, scores 4x2", typed<Avx2Few<4, 2>::K>(p), false, avx2 && p.dim % 8 == 0});
+  v.push_back({"AVX-512 few-rows, no software prefetch", typed<Avx512Few<4, 4, false>::K>(p), false,
+               avx512 && p.dim % 16 == 0});
+  v.push_back({"AVX2 few-rows, no software prefetch", typed<Avx2Few<2, 4, false>::K>(p), false, avx2 && p.dim % 8 == 0});
 #endif
   return v;
 }
