@@ -164,6 +164,7 @@ TEST_CASE("profile cache: a change in any part of the key measures a new profile
       {"head dim", [](ProfileKey& k) { k.head_dim = 128; }},
       {"K/V type", [](ProfileKey& k) { k.kv_dtype = DType::f32; }},
       {"library version", [](ProfileKey& k) { k.version = "0.0.1"; }},
+      {"kernel revision", [](ProfileKey& k) { k.kernels -= 1; }},
   };
   int expected_calls = 1;
   for (const Change& c : changes) {
@@ -193,6 +194,7 @@ TEST_CASE("profile cache: a change in any part of the key measures a new profile
   CHECK(ProfileKey::here(1, HeadShape{9, 3, 64}, DType::f16).text() ==
         ProfileKey::here(1, HeadShape{3, 3, 64}, DType::f16).text());
   CHECK(key.text().find("version " CASCADE_VERSION_STRING "\n") != std::string::npos);
+  CHECK(key.text().find("kernels " + std::to_string(cascade::cpu::kKernelRevision) + "\n") != std::string::npos);
   fs::remove_all(dir);
 }
 

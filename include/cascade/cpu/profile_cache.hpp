@@ -8,9 +8,9 @@
 //
 // The key (ProfileKey) is everything the profile depends on: the CPU's model and features, the instruction
 // set tier the kernels run (simd.hpp), the build (compiler, instruction set compiled for), the thread
-// count, the KV heads and head dim, the K/V type and the library's version. A profile file is named by a
-// hash of the key and begins with the key itself, which is compared in full on reading: a profile is used
-// only for exactly its key.
+// count, the KV heads and head dim, the K/V type, the library's version and its kernels' revision. A
+// profile file is named by a hash of the key and begins with the key itself, which is compared in full on
+// reading: a profile is used only for exactly its key.
 //
 // The folder: $XDG_CACHE_HOME/cascade, else $HOME/.cache/cascade (an XDG_CACHE_HOME that is not an
 // absolute path is ignored, as the XDG base directory specification says). A profile is written to a
@@ -70,6 +70,7 @@ struct ProfileKey {
   int n_kv_heads = 0, head_dim = 0;
   DType kv_dtype = DType::f16;
   std::string version = CASCADE_VERSION_STRING;
+  int kernels = kKernelRevision;  // kernel_common.hpp
 
   // The key of a calibration on this machine, in this build, with n_threads threads (0: all), a model
   // of `shape` (its KV heads and head dim) and K/V stored as kv_dtype.
@@ -170,7 +171,7 @@ inline std::string ProfileKey::text() const {
   os << "cpu_model " << one_line(cpu_model) << "\ncpu_features " << one_line(cpu_features) << "\nisa "
      << one_line(isa) << "\nbuild " << one_line(build) << "\nn_threads " << n_threads << "\nn_kv_heads "
      << n_kv_heads << "\nhead_dim " << head_dim << "\nkv_type " << dtype_name(kv_dtype) << "\nversion "
-     << one_line(version) << "\n";
+     << one_line(version) << "\nkernels " << kernels << "\n";
   return os.str();
 }
 
