@@ -194,7 +194,8 @@ std::vector<Variant> variants(const Problem& p) {
   v.push_back({"AVX2 few-rows, scores 4x2", typed<Avx2Few<4, 2>::K>(p), false, avx2 && p.dim % 8 == 0});
   v.push_back({"AVX-512 few-rows, no software prefetch", typed<Avx512Few<4, 4, false>::K>(p), false,
                avx512 && p.dim % 16 == 0});
-  v.push_back({"AVX2 few-rows, no software prefetch", typed<Avx2Few<2, 4, false>::K>(p), false, avx2 && p.dim % 8 == 0});
+  v.push_back({"AVX2 few-rows, no software prefetch", typed<Avx2Few<2, 4, false>::K>(p), false,
+               avx2 && p.dim % 8 == 0});
 #endif
   return v;
 }
