@@ -3,6 +3,7 @@
 // activations as that path quantizes them, within the bound linear.cpp derives; the int8 forms every path makes
 // against the reference quantizer; errors.
 #include <doctest/doctest.h>
+#include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <cmath>
@@ -124,9 +125,10 @@ TEST_CASE("linear: every path, every type, against the double reference within t
       std::vector<int64_t> ins = k_quant ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{32, 96, 576};
       if (gguf::block_size(t) == 1) ins.push_back(45);
       for (int64_t n_in : ins)
-        // rows of X: by lanes of K (1-3), 8 lanes (4-8), 16 lanes (9+), tails of each; n_out: panel tails
+        // rows of X: by lanes of K (1-3), 8 lanes (4-8), 16 lanes (9+), tails of each; n_out: panel tails, and
+        // (33) more panels than one kernel call takes
         for (int64_t n : {1, 2, 3, 4, 7, 8, 9, 16, 17, 33, 40})
-          check_product(path, t, n, n_in, n == 9 ? 1 : n % 2 ? 13 : 24, rng);
+          check_product(path, t, n, n_in, n == 9 ? 1 : n == 33 ? 136 : n % 2 ? 13 : 24, rng);
     }
 }
 
@@ -135,8 +137,27 @@ TEST_CASE("linear: a larger product, rows of X in several blocks, the default pa
   for (TensorType t : {TensorType::Q4_1, TensorType::Q8_0, TensorType::Q6_K, TensorType::F16}) {
     CAPTURE(gguf::type_name(t));
     // 1536 columns: rows of X go in blocks of 160 (linear.cpp), so 300 rows take two
-    check_product(linear::active_path(), t, 300, 1536, 40, rng);
+    check_product(linear::active_path(), t, 300, 1536, 150, rng);
   }
+}
+
+TEST_CASE("linear: rows of Y that fall in one cache set (staged writes), one thread and several") {
+  std::mt19937 rng(13);
+  const auto run = [&] {
+    for (Path path : runnable_paths())
+      for (TensorType t : {TensorType::Q4_0, TensorType::Q8_0, TensorType::Q5_K})
+        // n_out 1024: rows of Y 4 KiB apart, which the kernels write through a staging buffer for more than 8
+        // rows of X (20 here); 600: straight
+        for (int64_t n_out : {600, 1024})
+          for (int64_t n : {2, 5, 20}) {
+            CAPTURE(linear::path_name(path));
+            CAPTURE(gguf::type_name(t));
+            check_product(path, t, n, 256, n_out, rng);
+          }
+  };
+  tbb::task_arena one(1);
+  one.execute(run);
+  run();
 }
 
 TEST_CASE("linear: every path quantizes activations to the reference's numbers, in both layouts") {
