@@ -3,7 +3,15 @@
 from collections.abc import Sequence
 
 
-def merge_state(o_a: object, lse_a: object, o_b: object, lse_b: object) -> tuple:
+from typing import Any, Protocol
+class Array(Protocol):
+    """A NumPy array or a PyTorch CPU tensor (float32, float16 or bfloat16 elements where a kernel reads it)."""
+    @property
+    def shape(self) -> Any: ...
+    @property
+    def dtype(self) -> Any: ...
+
+def merge_state(o_a: Array, lse_a: Array, o_b: Array, lse_b: Array) -> tuple[Any, Any]:
     """
     The exact merge of two attention states: (o, lse) of the union of their keys.
 
@@ -12,10 +20,10 @@ def merge_state(o_a: object, lse_a: object, o_b: object, lse_b: object) -> tuple
     Returns (o, lse): o in o_a's dtype, lse float32, in o_a's framework (NumPy or PyTorch).
     """
 
-def merge_state_in_place(o_a: object, lse_a: object, o_b: object, lse_b: object) -> None:
+def merge_state_in_place(o_a: Array, lse_a: Array, o_b: Array, lse_b: Array) -> None:
     """merge_state, written into o_a and lse_a (which must be writable)."""
 
-def merge_states(o: object, lse: object) -> tuple:
+def merge_states(o: Array, lse: Array) -> tuple[Any, Any]:
     """
     The exact merge of n attention states stacked on the first axis.
 
@@ -97,7 +105,7 @@ class Plan:
     n_query[s]).
     """
 
-    def __init__(self, segments: Sequence[int], paths: Sequence[Sequence[int]], n_query: object = 1, *, n_q_heads: int, n_kv_heads: int, head_dim: int, scale: float | None = None, method: str = 'cascade', cost_model: CostModel | None = None, kv_dtype: object = 'float16', threads: int = 0) -> None: ...
+    def __init__(self, segments: Sequence[int], paths: Sequence[Sequence[int]], n_query: int | Sequence[int] = 1, *, n_q_heads: int, n_kv_heads: int, head_dim: int, scale: float | None = None, method: str = 'cascade', cost_model: CostModel | None = None, kv_dtype: object = 'float16', threads: int = 0) -> None: ...
 
     @staticmethod
     def two_level(n_prefix: int, n_own: Sequence[int], n_query: int = 1, *, n_q_heads: int, n_kv_heads: int, head_dim: int, scale: float | None = None, method: str = 'cascade', cost_model: CostModel | None = None, kv_dtype: object = 'float16', threads: int = 0) -> Plan:
@@ -107,12 +115,12 @@ class Plan:
         """
 
     @staticmethod
-    def independent(n_tokens: Sequence[int], n_query: object = 1, *, n_q_heads: int, n_kv_heads: int, head_dim: int, scale: float | None = None, method: str = 'cascade', cost_model: CostModel | None = None, kv_dtype: object = 'float16', threads: int = 0) -> Plan:
+    def independent(n_tokens: Sequence[int], n_query: int | Sequence[int] = 1, *, n_q_heads: int, n_kv_heads: int, head_dim: int, scale: float | None = None, method: str = 'cascade', cost_model: CostModel | None = None, kv_dtype: object = 'float16', threads: int = 0) -> Plan:
         """
         Every sequence on its own: sequence s attends only segment s (n_tokens[s] tokens). Options as Plan().
         """
 
-    def run(self, k: object, v: object, q: object, *, out: object | None = None, lse: object | None = None) -> tuple:
+    def run(self, k: Array | Sequence[Array], v: Array | Sequence[Array], q: Array, *, out: Array | None = None, lse: Array | None = None) -> tuple[Any, Any]:
         """
         Attention of one layer: returns (o, lse).
 
@@ -124,7 +132,7 @@ class Plan:
         Computed in float32; the GIL is released meanwhile, so threads may run plans at once.
         """
 
-    def bind(self, k: object, v: object) -> BoundPlan:
+    def bind(self, k: Array | Sequence[Array], v: Array | Sequence[Array]) -> BoundPlan:
         """
         This plan bound to one layer's K/V: returns a BoundPlan, whose run(q) is Plan.run(k, v, q).
 
@@ -178,7 +186,7 @@ class Plan:
     def workspace_floats(self) -> int: ...
 
     @property
-    def choice(self) -> object:
+    def choice(self) -> dict | None:
         """
         auto's decision (None for method='cascade'): changed, predicted_tree_s, predicted_chosen_s,
         and per segment shared (attended once) and n_passes (passes over its K/V).
@@ -192,11 +200,11 @@ class BoundPlan:
     q and the results. It keeps the plan and the K/V arrays alive.
     """
 
-    def run(self, q: object, *, out: object | None = None, lse: object | None = None) -> tuple:
+    def run(self, q: Array, *, out: Array | None = None, lse: Array | None = None) -> tuple[Any, Any]:
         """As Plan.run, on the bound K/V."""
 
     @property
-    def plan(self) -> object:
+    def plan(self) -> Plan:
         """The Plan it runs."""
 
     def __repr__(self) -> str: ...
@@ -208,9 +216,9 @@ class SplitLayout:
     (as Plan.run takes them); run(q) attends.
     """
 
-    def __init__(self, plan: Plan, k: object, v: object) -> None: ...
+    def __init__(self, plan: Plan, k: Array | Sequence[Array], v: Array | Sequence[Array]) -> None: ...
 
-    def run(self, q: object, *, out: object | None = None, lse: object | None = None) -> tuple:
+    def run(self, q: Array, *, out: Array | None = None, lse: Array | None = None) -> tuple[Any, Any]:
         """As Plan.run, on the copied K/V."""
 
     @property
@@ -223,9 +231,9 @@ class UnifiedLayout:
     run(q) attends.
     """
 
-    def __init__(self, plan: Plan, k: object, v: object) -> None: ...
+    def __init__(self, plan: Plan, k: Array | Sequence[Array], v: Array | Sequence[Array]) -> None: ...
 
-    def run(self, q: object, *, out: object | None = None, lse: object | None = None) -> tuple:
+    def run(self, q: Array, *, out: Array | None = None, lse: Array | None = None) -> tuple[Any, Any]:
         """As Plan.run, on the copied K/V."""
 
     @property

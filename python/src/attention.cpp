@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "arrays.hpp"
+#include "typed.hpp"
 #include "cascade/cascade.hpp"
 
 namespace cascade::py {
@@ -117,7 +118,7 @@ void kv_views(const Tree& tree, nb::handle k, nb::handle v, KvArgs& out) {
 // One run's q and results: q read as f32 (in place when it is f32 and dense), o and lse made fresh in q's
 // framework or taken from out= / lse=, and compute(q, o, lse) called with the GIL released.
 template <class Compute>
-nb::tuple run_with_queries(const HeadShape& shape, int64_t n_rows, nb::handle q_obj, nb::handle out_obj,
+ArrayPair run_with_queries(const HeadShape& shape, int64_t n_rows, nb::handle q_obj, nb::handle out_obj,
                            nb::handle lse_obj, Compute&& compute) {
   const ArrayRef q = as_array(q_obj, {"q"});
   const DType dt = float_dtype(q, {"q"});
@@ -164,7 +165,7 @@ nb::tuple run_with_queries(const HeadShape& shape, int64_t n_rows, nb::handle q_
     compute(q_f32, o_f32, lse_data);
     if (dt != DType::f32) write_from_f32(o_f32, o_data, dt, int64_t(q.size()));
   }
-  return nb::make_tuple(o_res, lse_res);
+  return ArrayPair(nb::make_tuple(o_res, lse_res));
 }
 
 DType parse_kv_dtype(nb::handle h) {
@@ -235,8 +236,8 @@ PyPlan make_plan(const PlanOptions& o, const std::function<Tree(const HeadShape&
   return p;
 }
 
-nb::object choice_dict(const Plan& plan) {
-  if (!plan.choice()) return nb::none();
+std::optional<nb::dict> choice_dict(const Plan& plan) {
+  if (!plan.choice()) return std::nullopt;
   const AutoChoice& c = *plan.choice();
   nb::list shared, passes;
   for (const SegmentChoice& s : c.segments) {
@@ -362,7 +363,7 @@ void bind_attention(nb::module_& m) {
   nb::class_<PyPlan>(m, "Plan", kPlanDoc)
       .def(
           "__init__",
-          [](PyPlan* self, std::vector<int64_t> segments, std::vector<std::vector<int>> paths, nb::handle n_query,
+          [](PyPlan* self, std::vector<int64_t> segments, std::vector<std::vector<int>> paths, CountsArg n_query,
              int n_q_heads, int n_kv_heads, int head_dim, std::optional<float> scale, std::string method,
              std::optional<CostModel> cost_model, nb::handle kv_dtype, int threads) {
             const std::vector<int64_t> nq = query_counts(n_query, paths.size());
@@ -391,7 +392,7 @@ void bind_attention(nb::module_& m) {
           "sequence (segment s + 1, n_own[s] tokens), n_query query tokens per sequence. Options as Plan().")
       .def_static(
           "independent",
-          [](std::vector<int64_t> n_tokens, nb::handle n_query, int n_q_heads, int n_kv_heads, int head_dim,
+          [](std::vector<int64_t> n_tokens, CountsArg n_query, int n_q_heads, int n_kv_heads, int head_dim,
              std::optional<float> scale, std::string method, std::optional<CostModel> cost_model,
              nb::handle kv_dtype, int threads) {
             const std::vector<int64_t> nq = query_counts(n_query, n_tokens.size());
@@ -406,7 +407,7 @@ void bind_attention(nb::module_& m) {
           "Every sequence on its own: sequence s attends only segment s (n_tokens[s] tokens). Options as Plan().")
       .def(
           "run",
-          [](const PyPlan& p, nb::handle k, nb::handle v, nb::handle q, nb::handle out, nb::handle lse) {
+          [](const PyPlan& p, ArraysArg k, ArraysArg v, ArrayArg q, ArrayArg out, ArrayArg lse) {
             KvArgs kv;
             kv_views(p.plan.tree(), k, v, kv);
             return run_with_queries(p.plan.shape(), p.plan.n_rows(), q, out, lse,
@@ -418,7 +419,7 @@ void bind_attention(nb::module_& m) {
           nb::arg("lse") = nb::none(), kRunDoc)
       .def(
           "bind",
-          [](nb::handle self, nb::handle k, nb::handle v) {
+          [](nb::handle self, ArraysArg k, ArraysArg v) {
             const PyPlan& p = nb::cast<const PyPlan&>(self);
             PyBound b(nb::borrow(self), &p);
             kv_views(p.plan.tree(), k, v, b.kv);
@@ -474,7 +475,7 @@ void bind_attention(nb::module_& m) {
                       "q and the results. It keeps the plan and the K/V arrays alive.")
       .def(
           "run",
-          [](const PyBound& b, nb::handle q, nb::handle out, nb::handle lse) {
+          [](const PyBound& b, ArrayArg q, ArrayArg out, ArrayArg lse) {
             const Plan& plan = b.plan->plan;
             return run_with_queries(plan.shape(), plan.n_rows(), q, out, lse,
                                     [&](const float* qf, float* of, float* lf) {
@@ -483,7 +484,7 @@ void bind_attention(nb::module_& m) {
           },
           nb::arg("q"), nb::kw_only(), nb::arg("out") = nb::none(), nb::arg("lse") = nb::none(),
           "As Plan.run, on the bound K/V.")
-      .def_prop_ro("plan", [](const PyBound& b) { return b.owner; }, "The Plan it runs.")
+      .def_prop_ro("plan", [](const PyBound& b) { return nb::typed<nb::object, PyPlan>(b.owner); }, "The Plan it runs.")
       .def("__repr__", [](const PyBound& b) {
         return cat("BoundPlan(", b.plan->plan.n_segments(), " segments, ", b.plan->plan.n_rows(), " query rows, K/V ",
                    b.kv.arrays.size() == 2 ? "in one array" : "one array per segment", ")");
@@ -495,7 +496,7 @@ void bind_attention(nb::module_& m) {
                       "(as Plan.run takes them); run(q) attends.")
       .def(
           "__init__",
-          [](PySplit* self, const PyPlan& p, nb::handle k, nb::handle v) {
+          [](PySplit* self, const PyPlan& p, ArraysArg k, ArraysArg v) {
             KvArgs kv;
             kv_views(p.plan.tree(), k, v, kv);
             nb::gil_scoped_release release;
@@ -506,7 +507,7 @@ void bind_attention(nb::module_& m) {
           nb::arg("plan"), nb::arg("k"), nb::arg("v"))
       .def(
           "run",
-          [](const PySplit& s, nb::handle q, nb::handle out, nb::handle lse) {
+          [](const PySplit& s, ArrayArg q, ArrayArg out, ArrayArg lse) {
             return run_with_queries(s.plan.shape(), s.plan.n_rows(), q, out, lse,
                                     [&](const float* qf, float* of, float* lf) {
                                       cpu::run(s.plan, s.layout.views, qf, of, lf);
@@ -522,7 +523,7 @@ void bind_attention(nb::module_& m) {
                         "run(q) attends.")
       .def(
           "__init__",
-          [](PyUnified* self, const PyPlan& p, nb::handle k, nb::handle v) {
+          [](PyUnified* self, const PyPlan& p, ArraysArg k, ArraysArg v) {
             KvArgs kv;
             kv_views(p.plan.tree(), k, v, kv);
             nb::gil_scoped_release release;
@@ -534,7 +535,7 @@ void bind_attention(nb::module_& m) {
           nb::arg("plan"), nb::arg("k"), nb::arg("v"))
       .def(
           "run",
-          [](const PyUnified& u, nb::handle q, nb::handle out, nb::handle lse) {
+          [](const PyUnified& u, ArrayArg q, ArrayArg out, ArrayArg lse) {
             return run_with_queries(u.plan.shape, u.plan.n_rows, q, out, lse,
                                     [&](const float* qf, float* of, float* lf) {
                                       cpu::run_unified(u.plan, u.layout->batch, qf, of, lf);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "arrays.hpp"
+#include "typed.hpp"
 #include "cascade/state.hpp"
 
 namespace cascade::py {
@@ -86,10 +87,10 @@ struct Result {
     if (dt != DType::f32) write_from_f32(buf, static_cast<char*>(o.data) + r * d * dtype_size(dt), dt, d);
     static_cast<float*>(lse.data)[r] = lse_value;
   }
-  nb::tuple tuple() { return nb::make_tuple(o.obj, lse.obj); }
+  ArrayPair tuple() { return ArrayPair(nb::make_tuple(o.obj, lse.obj)); }
 };
 
-nb::tuple merge_state_py(nb::handle o_a, nb::handle lse_a, nb::handle o_b, nb::handle lse_b) {
+ArrayPair merge_state_py(ArrayArg o_a, ArrayArg lse_a, ArrayArg o_b, ArrayArg lse_b) {
   const States a(o_a, lse_a, "o_a", "lse_a"), b(o_b, lse_b, "o_b", "lse_b");
   if (a.o.shape_vector() != b.o.shape_vector())
     value_error("o_b: expected o_a's shape ", shape_str(a.o.shape_vector()), ", got ", shape_str(b.o.shape_vector()));
@@ -109,7 +110,7 @@ nb::tuple merge_state_py(nb::handle o_a, nb::handle lse_a, nb::handle o_b, nb::h
   return out.tuple();
 }
 
-void merge_state_in_place_py(nb::handle o_a, nb::handle lse_a, nb::handle o_b, nb::handle lse_b) {
+void merge_state_in_place_py(ArrayArg o_a, ArrayArg lse_a, ArrayArg o_b, ArrayArg lse_b) {
   const States a(o_a, lse_a, "o_a", "lse_a"), b(o_b, lse_b, "o_b", "lse_b");
   if (a.o.shape_vector() != b.o.shape_vector())
     value_error("o_b: expected o_a's shape ", shape_str(a.o.shape_vector()), ", got ", shape_str(b.o.shape_vector()));
@@ -130,7 +131,7 @@ void merge_state_in_place_py(nb::handle o_a, nb::handle lse_a, nb::handle o_b, n
   }
 }
 
-nb::tuple merge_states_py(nb::handle o, nb::handle lse) {
+ArrayPair merge_states_py(ArrayArg o, ArrayArg lse) {
   const States st(o, lse, "o", "lse", 1);
   const int64_t n = int64_t(st.o.shape(0));
   std::vector<int64_t> lead = st.o.shape_vector();

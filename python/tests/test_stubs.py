@@ -4,6 +4,7 @@ now: a change to the bindings that leaves them stale fails here (regenerate them
 import difflib
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -35,3 +36,17 @@ def test_package_is_marked_typed():
     # The built package (build tree or installed) carries them too, next to the module.
     pkg = pathlib.Path(cascade.__file__).parent
     assert (pkg / "py.typed").exists() and (pkg / "_cascade.pyi").exists(), pkg
+
+
+
+def test_readme_example_type_checks(tmp_path, monkeypatch):
+    # The README's kernel example under mypy --strict, against these stubs: array arguments accept NumPy arrays
+    # (the stubs' Array protocol), results are the caller's own arrays.
+    mypy_api = pytest.importorskip("mypy.api", reason="mypy is not installed: the stubs are not type-checked")
+    block = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)[0]
+    src = tmp_path / "readme_example.py"
+    src.write_text(block)
+    monkeypatch.setenv("MYPYPATH", str(pathlib.Path(cascade.__file__).parent.parent))
+    out, err, status = mypy_api.run(["--strict", "--no-incremental", "--cache-dir", str(tmp_path / "cache"),
+                                     str(src)])
+    assert status == 0, out + err
