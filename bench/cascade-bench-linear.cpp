@@ -5,7 +5,8 @@
 //   one matrix (q, k, v, o, gate, up, down, lm_head): the caches are flushed before every repetition, so its
 //       weights come from memory as they do in a decode step;
 //   layers: every linear layer of n_layer layers and the lm_head, each with its own weights, multiplied in the
-//       order of a forward pass (q, k, v share their input; gate and up too) - one step's linear work.
+//       order of a forward pass (q, k, v share their input and one split across the threads; gate and up too,
+//       as linear::matmul_group) - one step's linear work.
 // Each row gives the weights' bytes and GB/s (bytes / time), int8 GOP/s (2 * rows * n_in * n_out / time; f32
 // FLOP/s on the f32 path), their fractions of the measured bandwidth and of the path's int8 peak, and the speed
 // against the f32 path (weights dequantized tile by tile, f32 activations: the runtime's previous path) when
@@ -158,17 +159,25 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+linear::Path path_of(const std::string& path) {
+  return path == "portable"   ? linear::Path::portable
+         : path == "avx2"     ? linear::Path::avx2
+         : path == "avx-vnni" ? linear::Path::avx_vnni
+                              : linear::Path::avx512_vnni;
+}
+
 // One call: Y = X W^T on `path` ("f32" for the f32 path).
 void multiply(const std::string& path, const linear::Matrix& w, const linear::Input& x, float* y) {
-  if (path == "f32") {
-    linear::matmul_f32(w, x.data(), x.n(), y);
-    return;
-  }
-  const linear::Path p = path == "portable" ? linear::Path::portable
-                         : path == "avx2"   ? linear::Path::avx2
-                         : path == "avx-vnni" ? linear::Path::avx_vnni
-                                              : linear::Path::avx512_vnni;
-  linear::matmul(w, x, y, p);
+  if (path == "f32") linear::matmul_f32(w, x.data(), x.n(), y);
+  else linear::matmul(w, x, y, path_of(path));
+}
+
+// Several matrices against one X in one call, as the forward pass multiplies q, k, v and gate, up.
+void multiply_group(const std::string& path, std::initializer_list<linear::Product> products,
+                    const linear::Input& x) {
+  if (path == "f32")
+    for (const linear::Product& p : products) linear::matmul_f32(*p.w, x.data(), x.n(), p.y);
+  else linear::matmul_group(products, x, path_of(path));
 }
 
 }  // namespace
@@ -285,7 +294,7 @@ int main(int argc, char** argv) try {
         std::normal_distribution<float> nd(0.0f, 1.0f);
         const int64_t widest = std::max(shape.n_ff, shape.n_vocab);
         std::vector<float> x(size_t(n * std::max(shape.n_ff, shape.n_q))), y(size_t(n * widest)),
-            y2(size_t(n * widest));
+            y2(size_t(n * widest)), y3(size_t(n * widest));
         for (auto& v : x) v = nd(rng);
         for (const auto& path : paths) {
           for (const MatShape& m : matrices(shape)) {
@@ -311,16 +320,11 @@ int main(int argc, char** argv) try {
               flusher.flush();
               const double t0 = now_s();
               for (const auto& ws : layer_w) {
-                {
-                  const linear::Input in(x.data(), n, shape.n_embd);
-                  for (int j = 0; j < 3; ++j) multiply(path, ws[size_t(j)], in, y.data());
-                }
+                multiply_group(path, {{&ws[0], y.data()}, {&ws[1], y2.data()}, {&ws[2], y3.data()}},
+                               linear::Input(x.data(), n, shape.n_embd));
                 multiply(path, ws[3], linear::Input(x.data(), n, shape.n_q), y.data());
-                {
-                  const linear::Input in(x.data(), n, shape.n_embd);
-                  multiply(path, ws[4], in, y.data());
-                  multiply(path, ws[5], in, y2.data());
-                }
+                multiply_group(path, {{&ws[4], y.data()}, {&ws[5], y2.data()}},
+                               linear::Input(x.data(), n, shape.n_embd));
                 multiply(path, ws[6], linear::Input(x.data(), n, shape.n_ff), y.data());
               }
               multiply(path, lm_head, linear::Input(x.data(), n, shape.n_embd), y.data());

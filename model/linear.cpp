@@ -160,15 +160,6 @@ std::vector<uint16_t> Input::bf16() const {
 
 namespace {
 
-// Splits the output rows into panels of the path's size across the threads.
-template <class F>
-void over_rows(const detail::Kernels& k, int64_t n_out, F&& rows) {
-  const int64_t pr = k.panel_rows, n_panels = (n_out + pr - 1) / pr;
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_panels), [&](const tbb::blocked_range<int64_t>& r) {
-    rows(r.begin() * pr, std::min(n_out, r.end() * pr));
-  });
-}
-
 const detail::Int8Form& int8_form(const detail::Kernels& k, const Input& x) {
   detail::Int8Form& f = x.forms().int8;
   const int lanes = k.int8_lanes(x.n());
@@ -191,28 +182,53 @@ const uint16_t* bf16_form(const Input& x) {
 
 }  // namespace
 
-void matmul(const Matrix& w, const Input& x, float* y, Path path) {
-  CASCADE_CHECK(x.n_in() == w.n_in, "linear: input rows of ", x.n_in(), " values for a matrix of ", w.n_in,
-                " columns");
-  CASCADE_CHECK(can_run(path), "linear: this CPU cannot run the ", path_name(path), " path");
-  if (x.n() == 0) return;
-  const detail::Kernels& k = kernels_for(path);
-  // Rows of X in blocks whose codes (or values) stay in the cache while every panel of W passes over them.
-  const int64_t n = x.n(), block = std::max<int64_t>(16, (int64_t(256) << 10) / x.n_in() / 16 * 16);
-  if (is_float_type(w.type)) {
-    const uint16_t* xb = w.type == TensorType::BF16 && k.bf16_dot ? bf16_form(x) : nullptr;
-    for (int64_t t0 = 0; t0 < n; t0 += block)
-      over_rows(k, w.n_out, [&](int64_t i0, int64_t i1) {
-        k.rows_float(w, x.data(), xb, i0, i1, t0, std::min(n, t0 + block), y);
-      });
-    return;
-  }
-  const detail::Int8Form& f = int8_form(k, x);
-  for (int64_t t0 = 0; t0 < n; t0 += block)
-    over_rows(k, w.n_out, [&](int64_t i0, int64_t i1) { k.rows_int8(w, f, i0, i1, t0, std::min(n, t0 + block), y); });
-}
+void matmul(const Matrix& w, const Input& x, float* y, Path path) { matmul_group({{&w, y}}, x, path); }
 
 void matmul(const Matrix& w, const Input& x, float* y) { matmul(w, x, y, active_path()); }
+
+void matmul_group(std::initializer_list<Product> products, const Input& x) {
+  matmul_group(products, x, active_path());
+}
+
+void matmul_group(std::initializer_list<Product> products, const Input& x, Path path) {
+  CASCADE_CHECK(can_run(path), "linear: this CPU cannot run the ", path_name(path), " path");
+  const Product* ps = products.begin();
+  const int64_t n_products = int64_t(products.size());
+  bool any_int8 = false, any_bf16 = false;
+  for (const Product& p : products) {
+    CASCADE_CHECK(x.n_in() == p.w->n_in, "linear: input rows of ", x.n_in(), " values for a matrix of ",
+                  p.w->n_in, " columns");
+    any_int8 |= !is_float_type(p.w->type);
+    any_bf16 |= p.w->type == TensorType::BF16;
+  }
+  if (x.n() == 0 || n_products == 0) return;
+  const detail::Kernels& k = kernels_for(path);
+  const detail::Int8Form* f = any_int8 ? &int8_form(k, x) : nullptr;
+  const uint16_t* xb = any_bf16 && k.bf16_dot ? bf16_form(x) : nullptr;
+  // Panels of all the products in one index space: product j's panels are [first[j], first[j + 1]).
+  const int64_t pr = k.panel_rows;
+  std::vector<int64_t> first(size_t(n_products + 1), 0);
+  for (int64_t j = 0; j < n_products; ++j)
+    first[size_t(j + 1)] = first[size_t(j)] + (ps[j].w->n_out + pr - 1) / pr;
+  // Rows of X in blocks whose codes (or values) stay in the cache while every panel of W passes over them.
+  const int64_t n = x.n(), block = std::max<int64_t>(16, (int64_t(256) << 10) / x.n_in() / 16 * 16);
+  for (int64_t t0 = 0; t0 < n; t0 += block) {
+    const int64_t t1 = std::min(n, t0 + block);
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, first.back()), [&](const tbb::blocked_range<int64_t>& r) {
+      // the range may span products: one kernel call per product it covers
+      int64_t j = int64_t(std::upper_bound(first.begin(), first.end(), r.begin()) - first.begin()) - 1;
+      for (int64_t p0 = r.begin(); p0 < r.end(); ++j) {
+        const int64_t p1 = std::min(r.end(), first[size_t(j + 1)]);
+        const Matrix& w = *ps[j].w;
+        const int64_t i0 = (p0 - first[size_t(j)]) * pr, i1 = std::min(w.n_out, (p1 - first[size_t(j)]) * pr);
+        if (i1 <= i0) continue;  // a matrix of no rows
+        if (!is_float_type(w.type)) k.rows_int8(w, *f, i0, i1, t0, t1, ps[j].y);
+        else k.rows_float(w, x.data(), w.type == TensorType::BF16 ? xb : nullptr, i0, i1, t0, t1, ps[j].y);
+        p0 = p1;
+      }
+    });
+  }
+}
 
 void matmul(const Matrix& w, const float* x, int64_t n, float* y) {
   const Input in(x, n, w.n_in);

@@ -282,15 +282,19 @@ void Model::forward(const std::vector<int32_t>& tokens, const std::vector<int32_
     if (path_ == LinearPath::f32) linear::matmul_f32(W, in.data(), in.n(), y);
     else linear::matmul(W, in, y);
   };
+  // Several matrices against one input (q, k, v; gate, up): one split across the threads for all of them.
+  const auto mul_group = [&](std::initializer_list<linear::Product> products, const linear::Input& in) {
+    if (path_ == LinearPath::f32)
+      for (const linear::Product& p : products) linear::matmul_f32(*p.w, in.data(), in.n(), p.y);
+    else linear::matmul_group(products, in);
+  };
   double t_attn = 0;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const Layer& l = w_.layers[il];
     rms_norm(x.data(), l.attn_norm.data(), n, d, hp.rms_eps, h.data());
     {
       const linear::Input hin(h.data(), n, d);
-      mul(l.wq, hin, q.data());
-      mul(l.wk, hin, k.data());
-      mul(l.wv, hin, v.data());
+      mul_group({{&l.wq, q.data()}, {&l.wk, k.data()}, {&l.wv, v.data()}}, hin);
     }
     rope(q.data(), n, hp.n_head, hp.head_dim, hp.n_rot, rope_cos, rope_sin);
     rope(k.data(), n, hp.n_head_kv, hp.head_dim, hp.n_rot, rope_cos, rope_sin);
@@ -304,8 +308,7 @@ void Model::forward(const std::vector<int32_t>& tokens, const std::vector<int32_
     rms_norm(x.data(), l.ffn_norm.data(), n, d, hp.rms_eps, h.data());
     {
       const linear::Input hin(h.data(), n, d);
-      mul(l.ffn_gate, hin, g.data());
-      mul(l.ffn_up, hin, u.data());
+      mul_group({{&l.ffn_gate, g.data()}, {&l.ffn_up, u.data()}}, hin);
     }
     for (int64_t i = 0; i < n * hp.n_ff; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
     mul(l.ffn_down, linear::Input(g.data(), n, hp.n_ff), tmp.data());

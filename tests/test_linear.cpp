@@ -160,6 +160,49 @@ TEST_CASE("linear: rows of Y that fall in one cache set (staged writes), one thr
   run();
 }
 
+TEST_CASE("linear: matmul_group gives every product the reference's numbers, bit for bit those of matmul") {
+  std::mt19937 rng(17);
+  // Mixed types with one n_in, as a GGUF may mix them (Q6_K v beside Q4_K q, k); n_out across panel tails
+  const int64_t n_in = 256;
+  const std::vector<std::pair<TensorType, int64_t>> mats = {
+      {TensorType::Q4_1, 40}, {TensorType::Q6_K, 13}, {TensorType::F16, 24}, {TensorType::Q4_K, 7},
+      {TensorType::BF16, 9}, {TensorType::Q8_0, 1100}};
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<linear::Matrix> ws;
+  for (const auto& [t, n_out] : mats) data.push_back(random_matrix(t, n_in, n_out, rng, 0.05f));
+  for (size_t j = 0; j < mats.size(); ++j)
+    ws.push_back(linear::Matrix::view(mats[j].first, data[j].data(), n_in, mats[j].second));
+  for (Path path : runnable_paths())
+    for (int64_t n : {1, 3, 5, 20}) {
+      CAPTURE(linear::path_name(path));
+      CAPTURE(n);
+      const auto x = random_input(n, n_in, rng);
+      const linear::Input in(x.data(), n, n_in);
+      std::vector<std::vector<float>> ys;
+      for (const auto& w : ws) ys.emplace_back(size_t(n * w.n_out), -1e30f);
+      linear::matmul_group({{&ws[0], ys[0].data()}, {&ws[1], ys[1].data()}, {&ws[2], ys[2].data()},
+                            {&ws[3], ys[3].data()}, {&ws[4], ys[4].data()}, {&ws[5], ys[5].data()}},
+                           in, path);
+      for (size_t j = 0; j < ws.size(); ++j) {
+        CAPTURE(gguf::type_name(ws[j].type));
+        std::vector<float> alone(ys[j].size(), -1e30f);
+        linear::matmul(ws[j], in, alone.data(), path);
+        CHECK(std::memcmp(alone.data(), ys[j].data(), alone.size() * sizeof(float)) == 0);
+        std::vector<double> ref, bound;
+        linear::reference(ws[j], in, path, ref, bound);
+        int bad = 0;
+        for (size_t i = 0; i < ref.size(); ++i) bad += !(std::fabs(double(ys[j][i]) - ref[i]) <= bound[i]);
+        CHECK(bad == 0);
+      }
+    }
+  // one input of the wrong width: an error naming the sizes, nothing written
+  const linear::Matrix other = linear::Matrix::view(TensorType::F32, data[0].data(), 32, 1);
+  std::vector<float> x(5 * n_in, 1.0f), y(40 * 5);
+  const linear::Input in(x.data(), 5, n_in);
+  CHECK_THROWS_WITH_AS(linear::matmul_group({{&ws[0], y.data()}, {&other, y.data()}}, in),
+                       doctest::Contains("input rows of 256 values for a matrix of 32 columns"), cascade::Error);
+}
+
 TEST_CASE("linear: every path quantizes activations to the reference's numbers, in both layouts") {
   std::mt19937 rng(11);
   for (int64_t n : {1, 5, 20}) {
