@@ -185,21 +185,28 @@ inline double fma_loop_portable(long iters, float* sink) {
 #endif
 }
 
-// Best-of-3 rate in FLOP/s of `loop` run on n_threads threads at once (each its own chains).
+// Best-of-3 rate in FLOP/s of `loop` run on n_threads threads at once (each its own chains), as the sum of each
+// thread's own rate. The loops run on a oneTBB arena's threads, and each times itself: threads of their own
+// would share the cores with the pool's workers, which spin for a while after the bandwidth measurement before
+// them (a 2x swing of the bf16 peak between runs came from that), and one timing around them all would count a
+// worker that starts late.
 inline double measure_peak(int n_threads, double (*loop)(long, float*)) {
   double best = 0;
-  std::vector<float> sink(size_t(std::max(1, n_threads)) * 16);
+  n_threads = std::max(1, n_threads);
+  std::vector<float> sink(size_t(n_threads) * 16);
+  tbb::task_arena arena(n_threads);
   for (int rep = 0; rep < 3; ++rep) {
-    std::vector<double> flops(static_cast<size_t>(n_threads));
-    std::vector<std::thread> pool;
-    const double t0 = now_s();
-    for (int t = 0; t < n_threads; ++t)
-      pool.emplace_back([&, t] { flops[size_t(t)] = loop(kPeakIters, &sink[size_t(t) * 16]); });
-    for (auto& th : pool) th.join();
-    const double dt = now_s() - t0;
+    std::vector<double> rate(static_cast<size_t>(n_threads));
+    arena.execute([&] {
+      tbb::parallel_for(0, n_threads, [&](int t) {
+        const double t0 = now_s();
+        const double flops = loop(kPeakIters, &sink[size_t(t) * 16]);
+        rate[size_t(t)] = flops / (now_s() - t0);
+      }, tbb::static_partitioner());
+    });
     double total = 0;
-    for (double f : flops) total += f;
-    best = std::max(best, total / dt);
+    for (double r : rate) total += r;
+    best = std::max(best, total);
   }
   return best;
 }
