@@ -164,9 +164,12 @@ std::vector<ChatMessage> parse_messages(const json& body) {
       content = c->get<std::string>();
     } else if (c && c->is_array()) {
       for (const json& part : *c) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+        // (json::value would throw a type_error, not refuse, for a 'type' that is not a string)
+        const json* type = part.is_object() ? field(part, "type") : nullptr;
+        const json* text = part.is_object() ? field(part, "text") : nullptr;
+        if (!type || !type->is_string() || *type != "text" || !text || !text->is_string())
           refuse("message content parts must be {\"type\": \"text\", \"text\": ...}", "messages");
-        content += part["text"].get<std::string>();
+        content += text->get<std::string>();
       }
     } else if (c || r != "assistant") {
       refuse("each message needs a 'content' string", "messages");

@@ -150,3 +150,27 @@ TEST_CASE("server api: a completion, whole and streamed, and a full queue, throu
   CHECK(joined == j["choices"][0]["text"]);
   CHECK(s.engine.drain(std::chrono::seconds(10)));
 }
+
+TEST_CASE("server api: malformed chat content parts are refused with 400, not thrown (found by fuzz_request)") {
+  REQUIRE_MESSAGE(std::filesystem::exists(CASCADE_MODEL_PATH), "run `bash scripts/setup.sh` for the model");
+  Served s(CASCADE_MODEL_PATH, "");
+  // The fuzzer's input had a part whose "type" was an array; nlohmann's value() threw a type_error for it, which
+  // escaped the API (a 500 over HTTP).
+  for (const char* body : {R"({"messages": [{"role": "user", "content": [{"type": ["text"], "text": "hi"}]}]})",
+                           R"({"messages": [{"role": "user", "content": [{"type": null, "text": "hi"}]}]})",
+                           R"({"messages": [{"role": "user", "content": [{"type": 3, "text": "hi"}]}]})",
+                           R"({"messages": [{"role": "user", "content": [{"type": "text", "text": ["hi"]}]}]})",
+                           R"({"messages": [{"role": "user", "content": [{"type": "text"}]}]})",
+                           R"({"messages": [{"role": "user", "content": [{"type": "image_url", "text": "hi"}]}]})",
+                           R"({"messages": [{"role": "user", "content": ["hi"]}]})"}) {
+    CAPTURE(body);
+    server::Reply r;
+    REQUIRE_NOTHROW(r = s.api.handle("POST", "/v1/chat/completions", "", body));
+    CHECK(r.status == 400);
+    CHECK(!r.pending);
+    const json e = parse(r.body)["error"];
+    CHECK(e["param"] == "messages");
+    CHECK(e["message"].get<std::string>().find("content parts") != std::string::npos);
+  }
+  CHECK(s.engine.metrics().requests == 0);
+}
