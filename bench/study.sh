@@ -117,14 +117,16 @@ done < <(python3 "$root/bench/study_plot.py" --recheck-list "$out")
 # --ignore-eos (where the tool has it) keeps every sequence decoding to -n; high-temperature sampling with
 # no top-k/top-p/min-p cut keeps end-of-generation tokens rare otherwise. The plots count the sequences
 # still active at every step.
+# (the help is read whole first: `--help | grep -q` under pipefail fails at random when grep exits early)
+gen_help=$("$gen" --help 2>&1 || true)
 gen_methods="unified split cascade"
-if "$gen" --help 2>&1 | grep -q "auto"; then gen_methods="$gen_methods auto"; fi
+if grep -q "auto" <<<"$gen_help"; then gen_methods="$gen_methods auto"; fi
 sampling=(--temp 1.5 --top-k 0 --top-p 1 --min-p 0 -s 42)
-if "$gen" --help 2>&1 | grep -q -- "--ignore-eos"; then sampling+=(--ignore-eos); fi
+if grep -q -- "--ignore-eos" <<<"$gen_help"; then sampling+=(--ignore-eos); fi
 # auto calibrates afresh in every run (where the tool keeps its profile in the user's cache, --recalibrate),
 # so each run's profile is this machine's now and its calibration time is reported, as before the cache.
 recalibrate=()
-if "$gen" --help 2>&1 | grep -q -- "--recalibrate"; then recalibrate=(--recalibrate); fi
+if grep -q -- "--recalibrate" <<<"$gen_help"; then recalibrate=(--recalibrate); fi
 decode() {  # name, model, n_parallel, n_predict
   local name="$1" m="$2" np="$3" n="$4" attn extra
   for attn in $gen_methods; do

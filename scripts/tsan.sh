@@ -71,8 +71,10 @@ cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=g++ -DCMA
   -DCASCADE_BUILD_BENCH=OFF -DCASCADE_BUILD_TOOLS=OFF -DCASCADE_CUDA=OFF >/dev/null
 suites=(test_concurrency test_attention test_llama test_server_stress)
 cmake --build build-tsan -j2 --target "${suites[@]}"
-if ldd build-tsan/tests/test_attention | grep -q '/libtbb.so' &&
-   ! ldd build-tsan/tests/test_attention | grep -q "$tbb_prefix/lib/libtbb.so"; then
+# ldd's output is read whole first: `ldd | grep -q` under pipefail fails at random when grep exits at its first
+# match and ldd, still writing, gets SIGPIPE.
+linked=$(ldd build-tsan/tests/test_attention)
+if grep -q '/libtbb.so' <<<"$linked" && ! grep -q "$tbb_prefix/lib/libtbb.so" <<<"$linked"; then
   echo "tsan: the tests do not load the instrumented libtbb from $tbb_prefix" >&2
   exit 1
 fi
