@@ -40,5 +40,10 @@ excluded='consumer_find_package|generate: greedy continuations are identical|ser
 excluded+='|generate: a sequence samples the same text whatever the method.*f32 path'
 excluded+='|generate: a prefill in small chunks gives the same text as one pass .f32 path.'
 excluded+='|server engine: greedy texts equal|server engine: a seeded request writes the same text'
+#  - "server engine: a prompt reuses the longest cached prefix, and reusing it changes no token" decodes the real
+#    model token for token with and without the cache: 65 s under ASan, the slowest case left. The instrumented
+#    engine still reuses cached prefixes in test_server_stress (its clients' prompts share four stems) and evicts
+#    them in the eviction case.
+excluded+='|server engine: a prompt reuses the longest cached prefix'
 ctest --test-dir build-asan --output-on-failure -j2 -E "^($excluded)" "$@"
 echo "sanitize: passed in $((SECONDS - start)) s"
