@@ -413,7 +413,9 @@ LT void tile_k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, float*
 
 // --- the int8 product, by lanes of X -----------------------------------------------------------------------
 
-// out[r * TV * L + j] = row r of the panel . row t0 + j of X (lane layout), j < TV * L.
+// out[r * TV * L + j] = row r of the panel . row t0 + j of X (lane layout), j < TV * L. Kept out of line, as GCC
+// compiled it before rows_typed grew its staged stores (which made GCC inline it); the timings in docs/study.md
+// are of this code.
 template <class V, class D, int G, int R, int TV, bool kSigned>
 LT __attribute__((noinline)) void tile_x(const Panel& p, const Int8Form& x, int64_t t0, float* out) {
   using I = typename V::I;
