@@ -1,11 +1,18 @@
 #include "server/http.hpp"
 
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -70,12 +77,176 @@ class BoundedPool final : public httplib::TaskQueue {
   bool stop_ = false;
 };
 
+using Clock = std::chrono::steady_clock;
+
+int ms_until(Clock::time_point t) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
+  return int(std::clamp<int64_t>(ms, 0, INT32_MAX));
+}
+
+// poll() on one socket for `events`, through signals; > 0 when ready, 0 at the timeout, < 0 on an error.
+int wait_for(int sock, short events, int timeout_ms) {
+  for (;;) {
+    pollfd p{sock, events, 0};
+    const int r = ::poll(&p, 1, timeout_ms);
+    if (r >= 0 || errno != EINTR) return r;
+  }
+}
+
+// One connection's bytes, for every request it carries. Like httplib's own stream (reads buffered, each read and
+// write bounded by its timeout), plus a deadline for the request being read: read_timeout bounds one wait for
+// bytes, so without it a client sending a byte every few seconds would hold a thread for as long as it likes.
+// Bytes read ahead stay buffered for the connection's next request (httplib's stream, made per request, drops
+// them).
+class ConnStream final : public httplib::Stream {
+ public:
+  ConnStream(int sock, int read_timeout_ms, int write_timeout_ms)
+      : sock_(sock), read_timeout_ms_(read_timeout_ms), write_timeout_ms_(write_timeout_ms) {}
+
+  // A request begins: its line, headers and body must all arrive before `deadline`.
+  void begin_request(Clock::time_point deadline) {
+    deadline_ = deadline;
+    expired_ = false;
+  }
+  bool expired() const { return expired_; }
+  bool buffered() const { return off_ < len_; }
+
+  bool is_readable() const override {
+    if (buffered()) return true;
+    const int left = ms_until(deadline_);
+    if (wait_for(sock_, POLLIN, std::min(read_timeout_ms_, left)) > 0) return true;
+    if (ms_until(deadline_) == 0) expired_ = true;
+    return false;
+  }
+  bool is_writable() const override { return wait_for(sock_, POLLOUT, write_timeout_ms_) > 0 && alive(); }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (!buffered()) {
+      if (!is_readable()) return -1;
+      if (size >= sizeof buf_) return recv_some(ptr, size);
+      const ssize_t n = recv_some(buf_, sizeof buf_);
+      if (n <= 0) return n;
+      off_ = 0;
+      len_ = size_t(n);
+    }
+    const size_t n = std::min(size, len_ - off_);
+    std::memcpy(ptr, buf_ + off_, n);
+    off_ += n;
+    return ssize_t(n);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!is_writable()) return -1;
+    for (;;) {
+      const ssize_t n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
+      if (n >= 0 || errno != EINTR) return n;
+    }
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { address(true, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { address(false, ip, port); }
+  socket_t socket() const override { return sock_; }
+
+ private:
+  ssize_t recv_some(char* ptr, size_t size) const {
+    for (;;) {
+      const ssize_t n = ::recv(sock_, ptr, size, 0);
+      if (n >= 0 || errno != EINTR) return n;
+    }
+  }
+  // The client is still there: nothing to read, or something (not the end of the stream) to read.
+  bool alive() const {
+    if (buffered() || wait_for(sock_, POLLIN, 0) == 0) return true;
+    char c;
+    return ::recv(sock_, &c, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+  }
+  void address(bool peer, std::string& ip, int& port) const {
+    sockaddr_storage a{};
+    socklen_t n = sizeof a;
+    const int r = peer ? ::getpeername(sock_, reinterpret_cast<sockaddr*>(&a), &n)
+                       : ::getsockname(sock_, reinterpret_cast<sockaddr*>(&a), &n);
+    char host[NI_MAXHOST], serv[NI_MAXSERV];
+    if (r != 0 || ::getnameinfo(reinterpret_cast<sockaddr*>(&a), n, host, sizeof host, serv, sizeof serv,
+                                NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+      return;
+    ip = host;
+    port = std::atoi(serv);
+  }
+
+  int sock_, read_timeout_ms_, write_timeout_ms_;
+  Clock::time_point deadline_ = Clock::time_point::max();
+  mutable bool expired_ = false;
+  char buf_[4096];
+  size_t off_ = 0, len_ = 0;
+};
+
+constexpr const char* kTooSlow = "the request did not arrive within the server's request timeout";
+
+// The connection being served on this thread: the body's reader asks it whether the request ran out of time.
+thread_local const ConnStream* t_conn = nullptr;
+
+// httplib's server, serving each connection on ConnStream: every request on it gets request_timeout to arrive.
+class Server final : public httplib::Server {
+ public:
+  void set_request_timeout(int seconds) { request_timeout_ = std::chrono::seconds(seconds); }
+
+ private:
+  // (httplib's own is private but virtual: the pool's threads call this one.)
+  bool process_and_close_socket(socket_t sock) override {
+    ConnStream conn(sock, int(read_timeout_sec_ * 1000 + read_timeout_usec_ / 1000),
+                    int(write_timeout_sec_ * 1000 + write_timeout_usec_ / 1000));
+    t_conn = &conn;
+    bool ok = false;
+    for (size_t left = keep_alive_max_count_; left > 0 && next_request(conn); --left) {
+      conn.begin_request(Clock::now() + request_timeout_);
+      bool closed = false;
+      ok = process_request(conn, left == 1, closed, nullptr);
+      // A request out of time was answered 408 (or not at all): the connection ends with it, or the rest of the
+      // trickle would be read as a new request with a new deadline.
+      if (!ok || closed || conn.expired()) break;
+    }
+    t_conn = nullptr;
+    if (conn.expired()) linger(sock);
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+    return ok;
+  }
+
+  // Closing a socket with unread bytes resets the connection, and a reset can discard the answer still on its way
+  // to the client: so the server's side is shut first (the client sees the answer, then the end) and what the
+  // client sent meanwhile is read and dropped, for a second at most.
+  static void linger(int sock) {
+    ::shutdown(sock, SHUT_WR);
+    const auto end = Clock::now() + std::chrono::seconds(1);
+    char sink[4096];
+    for (size_t dropped = 0; dropped < (size_t(1) << 20) && wait_for(sock, POLLIN, ms_until(end)) > 0;) {
+      const ssize_t n = ::recv(sock, sink, sizeof sink, 0);
+      if (n <= 0) break;
+      dropped += size_t(n);
+    }
+  }
+
+  // Waits for a request's first bytes, up to the keep-alive timeout; false when the connection is idle that long,
+  // is closed, or the server stops.
+  bool next_request(const ConnStream& conn) const {
+    if (conn.buffered()) return true;
+    const auto idle_end = Clock::now() + std::chrono::seconds(keep_alive_timeout_sec_);
+    while (svr_sock_ != INVALID_SOCKET) {
+      const int left = ms_until(idle_end);
+      const int r = wait_for(conn.socket(), POLLIN, std::min(left, 100));
+      if (r != 0) return r > 0;
+      if (left == 0) return false;
+    }
+    return false;
+  }
+
+  std::chrono::seconds request_timeout_{30};
+};
+
 }  // namespace
 
 struct HttpServer::Impl {
   Api& api;
   HttpConfig cfg;
-  httplib::Server svr;
+  Server svr;
   std::atomic<bool> in_run{false}, stopped{false};
   Impl(Api& a, HttpConfig c) : api(a), cfg(std::move(c)) {}
   void serve(const httplib::Request& req, const std::string& body, httplib::Response& res);
@@ -133,11 +304,14 @@ HttpServer::HttpServer(Api& api, HttpConfig config) : impl_(std::make_unique<Imp
   std::signal(SIGPIPE, SIG_IGN);
   const HttpConfig& c = impl_->cfg;
   CASCADE_CHECK(c.n_threads >= 1 && c.backlog >= 1, "the HTTP server needs at least one thread and backlog slot");
-  httplib::Server& svr = impl_->svr;
+  CASCADE_CHECK(c.read_timeout_s >= 1 && c.request_timeout_s >= 1 && c.keep_alive_s >= 1,
+                "the HTTP server's timeouts must be at least a second");
+  Server& svr = impl_->svr;
   const int n_threads = c.n_threads, backlog = c.backlog;
   svr.new_task_queue = [n_threads, backlog] { return new BoundedPool(n_threads, backlog); };
   svr.set_payload_max_length(c.max_body);
   svr.set_read_timeout(c.read_timeout_s, 0);
+  svr.set_request_timeout(c.request_timeout_s);
   svr.set_keep_alive_timeout(c.keep_alive_s);
   svr.set_keep_alive_max_count(1000);
   Impl* impl = impl_.get();
@@ -158,6 +332,8 @@ HttpServer::HttpServer(Api& api, HttpConfig config) : impl_(std::make_unique<Imp
       return true;
     });
     if (too_large || (!ok && res.status == 413)) return impl->refuse(res, 413, "the request body is too large");
+    if (!ok && t_conn && t_conn->expired())
+      return impl->refuse(res, 408, kTooSlow);
     if (!ok) return impl->refuse(res, 400, "the request body could not be read");
     impl->serve(req, body, res);
   };
@@ -184,6 +360,10 @@ HttpServer::HttpServer(Api& api, HttpConfig config) : impl_(std::make_unique<Imp
   // Answers httplib makes itself (413, 400 for a request it cannot parse): an OpenAI error object too.
   const httplib::Server::HandlerWithResponse on_error = [impl](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    if (t_conn && t_conn->expired()) {  // headers that did not arrive in time
+      impl->refuse(res, 408, kTooSlow);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     impl->api.count_status(res.status);
     const char* what = res.status == 413 ? "the request body is too large" : "the request could not be read";
     res.set_content(error_json(res.status, what), "application/json");

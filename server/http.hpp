@@ -23,7 +23,8 @@ struct HttpConfig {
   int n_threads = 32;            // connections served at once
   int backlog = 64;              // accepted connections waiting for a thread, at most
   size_t max_body = 4u << 20;    // bytes of a request body, at most (413 above)
-  int read_timeout_s = 10;       // a request's bytes must arrive within this
+  int read_timeout_s = 10;       // a wait for a request's next bytes ends after this (the request with it)
+  int request_timeout_s = 30;    // a whole request (line, headers, body) must arrive within this of its first byte
   int keep_alive_s = 5;          // an idle keep-alive connection is closed after this
 };
 

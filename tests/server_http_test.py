@@ -14,6 +14,7 @@ import http.client
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -486,7 +487,8 @@ def case_exhaustion():
     # A small pool and small limits, so that every bound is reached within a few seconds.
     n_threads, idle_s, max_body = 16, 1, 65536
     srv = Server("-np", "2", "--queue", "2", "--attn", "cascade", "-t", "2", "--http-threads", str(n_threads),
-                 "--idle-timeout", str(idle_s), "--read-timeout", "2", "--max-body", str(max_body))
+                 "--idle-timeout", str(idle_s), "--read-timeout", "2", "--request-timeout", "3",
+                 "--max-body", str(max_body))
     C = "/v1/completions"
     hello = {"prompt": "Hello, my name is", "max_tokens": 4, "temperature": 0}
     try:
@@ -581,7 +583,53 @@ def case_exhaustion():
         check(status == 200, f"a request after the oversized ones: {status} {data[:200]!r}")
         sample()
 
-        # 3. More streams than -np + --queue at once: each is served to [DONE] or refused with 503 and Retry-After.
+        # 3. Slow senders: a byte every 0.3 s never waits out --read-timeout (2 s), but a whole request has
+        #    --request-timeout (3 s) from its first byte to arrive. One trickling its headers loses the connection,
+        #    one trickling its body gets 408; both long before they would have finished (18 s), and another client is
+        #    served meanwhile.
+        slow = {}
+
+        def trickle(name, head, rest):
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=TIMEOUT)
+            t0 = time.time()
+            reply = b""
+            try:
+                s.sendall(head)
+                for i in range(len(rest)):
+                    if select.select([s], [], [], 0.3)[0]:
+                        break  # the server answered or closed
+                    s.sendall(rest[i:i + 1])
+                while chunk := s.recv(4096):
+                    reply += chunk
+            except (ConnectionResetError, BrokenPipeError):
+                pass
+            finally:
+                s.close()
+            slow[name] = (time.time() - t0, reply)
+
+        body = json.dumps(hello).encode()
+        body += b" " * (60 - len(body))
+        senders = [threading.Thread(target=trickle, args=(
+            "headers", b"POST " + C.encode() + b" HTTP/1.1\r\n", b"Host: x\r\nX-Pad: " + b"a" * 44 + b"\r\n\r\n")),
+                   threading.Thread(target=trickle, args=(
+            "body", b"POST " + C.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n" % len(body), body))]
+        for t in senders:
+            t.start()
+        time.sleep(0.5)
+        status, _, data = srv.request("POST", C, hello)
+        check(status == 200, f"a request beside slow senders: {status} {data[:200]!r}")
+        for t in senders:
+            t.join()
+        sample()
+        print("exhaustion: slow senders cut after " +
+              ", ".join(f"{k} {v[0]:.1f} s ({v[1][:12]!r})" for k, v in sorted(slow.items())))
+        for name, (took, reply) in slow.items():
+            check(took < 9, f"a client sending its {name} slowly held its connection for {took:.1f} s")
+        check(slow["body"][1].startswith(b"HTTP/1.1 408") and b'"error"' in slow["body"][1],
+              f"a body that did not arrive in time: {slow['body'][1][:300]!r}")
+
+        # 4. More streams than -np + --queue at once: each is served to [DONE] or refused with 503 and Retry-After.
         n_streams = 10
         results = [None] * n_streams
 

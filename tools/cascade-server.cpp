@@ -5,7 +5,7 @@
 //   cascade-server [-m MODEL.gguf] [--host H] [--port P] [-np N] [-c N] [-t N] [-b N] [--queue N]
 //                  [--attn auto|cascade|split|unified] [--kv-budget MIB] [--kv-type f16|f32] [--api-key KEY]
 //                  [--chat-template chatml|llama3|FILE] [--alias NAME] [--http-threads N] [--max-body BYTES]
-//                  [--read-timeout S] [--idle-timeout S] [--shutdown-timeout S]
+//                  [--read-timeout S] [--request-timeout S] [--idle-timeout S] [--shutdown-timeout S]
 //
 // stderr: one line when listening (`cascade-server: listening on http://HOST:PORT ...`), one when stopping.
 // SIGINT or SIGTERM: stop taking new requests (503), let running ones finish for up to --shutdown-timeout
@@ -71,7 +71,9 @@ constexpr const char* kUsage =
     "  --http-threads N        connections served at once (default -np + --queue + 8, at least 16); 64 more\n"
     "                          wait for a thread, the rest in the kernel's listen queue\n"
     "  --max-body BYTES        largest request body; larger ones get 413 (default 4194304)\n"
-    "  --read-timeout S        seconds a request's bytes may take to arrive (default 10)\n"
+    "  --read-timeout S        seconds the server waits for a request's next bytes (default 10)\n"
+    "  --request-timeout S     seconds a whole request (line, headers, body) may take to arrive (default 30;\n"
+    "                          past it the connection is closed, or a body's request answered 408)\n"
     "  --idle-timeout S        seconds an idle connection is kept open (default 5)\n"
     "  --shutdown-timeout S    on SIGINT/SIGTERM, seconds running requests may take to finish (default 30)\n";
 
@@ -144,6 +146,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
       o.http.max_body = size_t(parse_int(a, value(), 1, int64_t(1) << 30));
     } else if (a == "--read-timeout") {
       o.http.read_timeout_s = int(parse_int(a, value(), 1, 3600));
+    } else if (a == "--request-timeout") {
+      o.http.request_timeout_s = int(parse_int(a, value(), 1, 3600));
     } else if (a == "--idle-timeout") {
       o.http.keep_alive_s = int(parse_int(a, value(), 1, 3600));
     } else if (a == "--shutdown-timeout") {
