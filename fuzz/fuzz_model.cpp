@@ -25,6 +25,7 @@
 #include "model/llama.hpp"
 #include "model/quant.hpp"
 #include "model/tokenizer.hpp"
+#include "one_thread.hpp"
 
 namespace {
 
@@ -161,6 +162,11 @@ void run_tokenizer(const Tokenizer& tok) {
 // per-input leak check would report the scratch's buffers as lost. Only allocations made inside that item loop
 // are exempt, as in fuzz_plan.cpp; scripts/sanitize.sh still checks them at exit.
 extern "C" const char* __lsan_default_suppressions() { return "leak:cascade::cpu::detail::run_items\n"; }
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  fuzz_on_one_thread();
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> bytes(data, data + size);  // exact size: ASan sees any read past the file's end

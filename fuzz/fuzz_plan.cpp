@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "plan_input.hpp"
+#include "one_thread.hpp"
 
 namespace {
 
@@ -135,6 +136,11 @@ void check_invariants(const Tree& plan, const std::vector<int64_t>& n_query) {
 // LeakSanitizer run (scripts/sanitize.sh) still checks them.
 extern "C" const char* __lsan_default_suppressions() {
   return "leak:cascade::cpu::detail::run_items\n";
+}
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  fuzz_on_one_thread();
+  return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

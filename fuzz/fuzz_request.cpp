@@ -31,6 +31,7 @@
 #include "tiny_model.hpp"
 #include "server/api.hpp"
 #include "server/engine.hpp"
+#include "one_thread.hpp"
 
 namespace {
 
@@ -187,6 +188,11 @@ Case decode(uint8_t sel, std::string_view body) {
 // As fuzz_model.cpp: the attention's per-thread scratch lives in oneTBB's allocator, which LeakSanitizer does not
 // scan; scripts/sanitize.sh still checks it at exit.
 extern "C" const char* __lsan_default_suppressions() { return "leak:cascade::cpu::detail::run_items\n"; }
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  fuzz_on_one_thread();
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
