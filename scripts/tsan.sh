@@ -3,7 +3,7 @@
 # report fatal. Extra arguments go to each suite (doctest flags, e.g. -tc='concurrency*').
 #   scripts/tsan.sh
 #
-# What runs: the suites whose code runs on several threads at once, one after another, each bounded in time:
+# What runs: the suites whose code runs on several threads at once, two at a time, each bounded in time:
 #   test_concurrency  attend, forward passes over one model and one tokenizer, from several plain threads at once
 #   test_attention    attend's own work items on oneTBB's threads, and attend called from parallel tasks
 #   test_llama        the forward pass (matrix rows split over threads) and the KV cache's three methods
@@ -80,14 +80,25 @@ if grep -q '/libtbb.so' <<<"$linked" && ! grep -q "$tbb_prefix/lib/libtbb.so" <<
 fi
 
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
+args=("$@")
+# One suite: its log in build-tsan/NAME.log, its exit code and seconds in build-tsan/NAME.result. A hung suite counts
+# as a failure: 15 minutes is several times what any of them takes.
+run_suite() {
+  local t=$1 t0=$SECONDS rc=0
+  (cd build-tsan/tests && timeout 900 "./$t" "${args[@]}") >"build-tsan/$t.log" 2>&1 || rc=$?
+  echo "$rc $((SECONDS - t0))" >"build-tsan/$t.result"
+}
+# Two at a time: instrumented, a suite keeps about one core busy (test_attention and test_llama took 102 s and 80 s
+# side by side here, 116 s and 81 s one after the other). test_attention, the longest, runs beside the other three.
+rm -f build-tsan/*.result
+run_suite test_attention &
+{ run_suite test_llama; run_suite test_concurrency; run_suite test_server_stress; } &
+wait
 failed=0
 for t in "${suites[@]}"; do
-  t0=$SECONDS
-  rc=0
-  # A hung suite counts as a failure: 15 minutes is several times what any of them takes.
-  (cd build-tsan/tests && timeout 900 "./$t" "$@") >"build-tsan/$t.log" 2>&1 || rc=$?
+  read -r rc secs <"build-tsan/$t.result" || { rc=1; secs=0; }
   summary=$(grep -m1 'test cases:' "build-tsan/$t.log" | sed 's/^\[doctest\] *//' || true)
-  printf 'tsan: %-18s %4d s  %s\n' "$t" $((SECONDS - t0)) "${summary:-no summary (exit $rc)}"
+  printf 'tsan: %-18s %4d s  %s\n' "$t" "$secs" "${summary:-no summary (exit $rc)}"
   if ((rc != 0)); then
     failed=1
     echo "tsan: $t failed (exit $rc); the end of build-tsan/$t.log:" >&2
