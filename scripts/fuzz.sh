@@ -10,6 +10,7 @@
 #       build-fuzz/campaign; any folder outside git) and grows from run to run; each run adds one line to
 #       DIR/TARGET.runs (date, commit, executions, coverage, features, corpus, crashes, seconds), and the summary
 #       shows this run and the total of all runs in DIR. Campaigns take hours of CPU: run them under nice -n 19.
+#       SIGINT to the fuzzer process (not to this script) ends its run early, and the run counts what it executed.
 #
 # Seeds are written fresh from valid inputs (fuzz_seeds) every time. Printed per target: executions, coverage
 # (cov: edges of the instrumented code reached by the corpus, as libFuzzer counts them; ft: its finer features),
@@ -93,10 +94,16 @@ for t in "${targets[@]}"; do
   ft=$(grep -o 'ft: [0-9]*' "$log" | tail -1 | cut -d' ' -f2 || true)
   n_corpus=$(find "$corpus" -type f | wc -l)
   crashes=$(($(find "$out/crashes" -name "$t-*" ! -name "$t-slow-unit-*" | wc -l) - before))
-  if ((rc != 0 && crashes == 0)); then crashes=1; fi  # died without writing an input (e.g. in its setup)
+  # Interrupted (SIGINT to the fuzzer, e.g. to free the machine for a measurement): libFuzzer exits 72 after its
+  # final stats; the run counts what it executed. (Do not pause a campaign with SIGSTOP: libFuzzer's -timeout is
+  # wall-clock, so the input running at the time would be reported as a timeout.)
+  interrupted=0
+  if ((rc == 72)) && grep -q 'libFuzzer: run interrupted' "$log"; then interrupted=1; fi
+  if ((rc != 0 && crashes == 0 && !interrupted)); then crashes=1; fi  # died without writing an input (its setup)
   took=$((SECONDS - t0))
   line=$(printf '%-16s %12s %7s %7s %7s %8d %6ds' "fuzz_$t" "${execs:-?}" "${cov:-?}" "${ft:-?}" "$n_corpus" \
     "$crashes" "$took")
+  ((interrupted)) && echo "fuzz: fuzz_$t was interrupted after ${execs:-?} executions" >&2
   if ((campaign)); then
     echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) $commit ${execs:-0} ${cov:-0} ${ft:-0} $n_corpus $crashes $took" \
       >>"$corpus_root/$t.runs"
