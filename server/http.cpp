@@ -106,9 +106,13 @@ class ConnStream final : public httplib::Stream {
   // A request begins: its line, headers and body must all arrive before `deadline`.
   void begin_request(Clock::time_point deadline) {
     deadline_ = deadline;
-    expired_ = false;
+    expired_ = refused_ = false;
   }
   bool expired() const { return expired_; }
+  // The request was answered without reading all of it (refused): the connection ends after the answer, or what
+  // the client still sends would be read as requests.
+  void refused() { refused_ = true; }
+  bool ending() const { return expired_ || refused_; }
   bool buffered() const { return off_ < len_; }
 
   bool is_readable() const override {
@@ -174,6 +178,7 @@ class ConnStream final : public httplib::Stream {
   int sock_, read_timeout_ms_, write_timeout_ms_;
   Clock::time_point deadline_ = Clock::time_point::max();
   mutable bool expired_ = false;
+  bool refused_ = false;
   char buf_[4096];
   size_t off_ = 0, len_ = 0;
 };
@@ -181,7 +186,7 @@ class ConnStream final : public httplib::Stream {
 constexpr const char* kTooSlow = "the request did not arrive within the server's request timeout";
 
 // The connection being served on this thread: the body's reader asks it whether the request ran out of time.
-thread_local const ConnStream* t_conn = nullptr;
+thread_local ConnStream* t_conn = nullptr;
 
 // httplib's server, serving each connection on ConnStream: every request on it gets request_timeout to arrive.
 class Server final : public httplib::Server {
@@ -199,12 +204,12 @@ class Server final : public httplib::Server {
       conn.begin_request(Clock::now() + request_timeout_);
       bool closed = false;
       ok = process_request(conn, left == 1, closed, nullptr);
-      // A request out of time was answered 408 (or not at all): the connection ends with it, or the rest of the
-      // trickle would be read as a new request with a new deadline.
-      if (!ok || closed || conn.expired()) break;
+      // A request out of time (answered 408, or not at all) or refused ends the connection: the rest of its bytes
+      // would be read as new requests (a trickle with a new deadline each).
+      if (!ok || closed || conn.ending()) break;
     }
     t_conn = nullptr;
-    if (conn.expired()) linger(sock);
+    if (conn.ending()) linger(sock);
     ::shutdown(sock, SHUT_RDWR);
     ::close(sock);
     return ok;
@@ -253,10 +258,10 @@ struct HttpServer::Impl {
   void refuse(httplib::Response& res, int status, const char* what);
 };
 
-// An answer made here, before the API sees the request, with `Connection: close`: the rest of the body (if any) was
-// not read. httplib 0.11 keeps the connection open on its side all the same; what the client still sends is read
-// as requests, each refused with 400, until it closes or the idle timeout.
+// An answer made here, before the API sees the request, with `Connection: close`: the rest of the request (if any)
+// was not read, and the connection ends after the answer.
 void HttpServer::Impl::refuse(httplib::Response& res, int status, const char* what) {
+  if (t_conn) t_conn->refused();
   api.count_status(status);
   res.status = status;
   res.set_header("Connection", "close");
@@ -360,13 +365,11 @@ HttpServer::HttpServer(Api& api, HttpConfig config) : impl_(std::make_unique<Imp
   // Answers httplib makes itself (413, 400 for a request it cannot parse): an OpenAI error object too.
   const httplib::Server::HandlerWithResponse on_error = [impl](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    if (t_conn && t_conn->expired()) {  // headers that did not arrive in time
-      impl->refuse(res, 408, kTooSlow);
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    impl->api.count_status(res.status);
-    const char* what = res.status == 413 ? "the request body is too large" : "the request could not be read";
-    res.set_content(error_json(res.status, what), "application/json");
+    const int status = t_conn && t_conn->expired() ? 408 : res.status;  // 408: headers that did not arrive in time
+    impl->refuse(res, status,
+                 status == 408   ? kTooSlow
+                 : status == 413 ? "the request body is too large"
+                                 : "the request could not be read");
     return httplib::Server::HandlerResponse::Handled;
   };
   svr.set_error_handler(on_error);

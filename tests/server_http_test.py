@@ -574,11 +574,15 @@ def case_exhaustion():
             except (ConnectionResetError, BrokenPipeError):
                 pass
             reply = b""
+            t0 = time.time()
             while chunk := s.recv(4096):  # the server closes the connection after its answer
                 reply += chunk
             s.close()
             check(reply.startswith(b"HTTP/1.1 " + want) and b'"error"' in reply,
                   f"{method} {headers!r}: {reply[:300]!r}")
+            # One answer, then the end: the body's unread rest is not taken for more requests.
+            check(reply.count(b"HTTP/1.1 ") == 1 and time.time() - t0 < 3,
+                  f"{method} {headers!r}: {reply.count(b'HTTP/1.1 ')} answers, closed after {time.time() - t0:.1f} s")
         status, _, data = srv.request("POST", C, hello)
         check(status == 200, f"a request after the oversized ones: {status} {data[:200]!r}")
         sample()
