@@ -58,6 +58,11 @@ fi
 bash scripts/setup.sh --no-model
 
 start=$SECONDS
+# Campaigns of different targets may run side by side (one per core) on this one build: its build and the seeds are
+# made under a lock.
+mkdir -p build-fuzz
+exec 9>build-fuzz/.lock
+flock 9
 # Line tables only: a crash's stack trace names files and lines, at a fraction of full debug info's build time.
 cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCASCADE_FUZZ=ON \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only -DNDEBUG" \
@@ -68,6 +73,7 @@ build_s=$((SECONDS - start))
 out=build-fuzz
 rm -rf "$out/seeds"
 "$out/fuzz/fuzz_seeds" "$out/seeds"
+flock -u 9
 mkdir -p "$out/crashes" "$out/logs" "$corpus_root"
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
