@@ -33,10 +33,14 @@ class BoundedPool final : public httplib::TaskQueue {
   }
   ~BoundedPool() override { shutdown(); }
 
+  // Accepted connections waiting for a thread.
+  size_t waiting() const { return waiting_.load(std::memory_order_relaxed); }
+
   void enqueue(std::function<void()> fn) override {
     std::unique_lock lock(mu_);
     room_.wait(lock, [&] { return jobs_.size() < backlog_ || stop_; });
     jobs_.push_back(std::move(fn));
+    waiting_.store(jobs_.size(), std::memory_order_relaxed);
     lock.unlock();
     ready_.notify_one();
   }
@@ -63,6 +67,7 @@ class BoundedPool final : public httplib::TaskQueue {
         if (jobs_.empty()) return;  // stopping, and every accepted connection was served
         fn = std::move(jobs_.front());
         jobs_.pop_front();
+        waiting_.store(jobs_.size(), std::memory_order_relaxed);
       }
       room_.notify_one();
       fn();
@@ -70,6 +75,7 @@ class BoundedPool final : public httplib::TaskQueue {
   }
 
   size_t backlog_;
+  std::atomic<size_t> waiting_{0};
   std::mutex mu_;
   std::condition_variable ready_, room_;
   std::deque<std::function<void()>> jobs_;
@@ -192,6 +198,8 @@ thread_local ConnStream* t_conn = nullptr;
 class Server final : public httplib::Server {
  public:
   void set_request_timeout(int seconds) { request_timeout_ = std::chrono::seconds(seconds); }
+  // The pool serving the connections (made by new_task_queue when listening starts).
+  void set_pool(const BoundedPool* pool) { pool_ = pool; }
 
  private:
   // (httplib's own is private but virtual: the pool's threads call this one.)
@@ -230,20 +238,26 @@ class Server final : public httplib::Server {
   }
 
   // Waits for a request's first bytes, up to the keep-alive timeout; false when the connection is idle that long,
-  // is closed, or the server stops.
+  // is closed, or the server stops. While other connections wait for a thread, an idle one keeps its thread for
+  // kIdleWhenBusy only: otherwise each idle connection ahead of a client would delay it by the whole idle timeout.
   bool next_request(const ConnStream& conn) const {
     if (conn.buffered()) return true;
-    const auto idle_end = Clock::now() + std::chrono::seconds(keep_alive_timeout_sec_);
+    const auto start = Clock::now();
+    const auto idle_end = start + std::chrono::seconds(keep_alive_timeout_sec_);
     while (svr_sock_ != INVALID_SOCKET) {
       const int left = ms_until(idle_end);
-      const int r = wait_for(conn.socket(), POLLIN, std::min(left, 100));
+      const int r = wait_for(conn.socket(), POLLIN, std::min(left, 50));
       if (r != 0) return r > 0;
       if (left == 0) return false;
+      const BoundedPool* pool = pool_.load();
+      if (pool && pool->waiting() > 0 && Clock::now() - start >= kIdleWhenBusy) return false;
     }
     return false;
   }
 
+  static constexpr auto kIdleWhenBusy = std::chrono::milliseconds(100);
   std::chrono::seconds request_timeout_{30};
+  std::atomic<const BoundedPool*> pool_{nullptr};
 };
 
 }  // namespace
@@ -313,7 +327,11 @@ HttpServer::HttpServer(Api& api, HttpConfig config) : impl_(std::make_unique<Imp
                 "the HTTP server's timeouts must be at least a second");
   Server& svr = impl_->svr;
   const int n_threads = c.n_threads, backlog = c.backlog;
-  svr.new_task_queue = [n_threads, backlog] { return new BoundedPool(n_threads, backlog); };
+  svr.new_task_queue = [&svr, n_threads, backlog] {
+    auto* pool = new BoundedPool(n_threads, backlog);
+    svr.set_pool(pool);
+    return pool;
+  };
   svr.set_payload_max_length(c.max_body);
   svr.set_read_timeout(c.read_timeout_s, 0);
   svr.set_request_timeout(c.request_timeout_s);
