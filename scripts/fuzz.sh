@@ -4,13 +4,15 @@
 #   scripts/fuzz.sh [SECONDS_PER_TARGET]
 #       CI: every target for that long (default 60). What the fuzzers find worth keeping accumulates in
 #       build-fuzz/corpus/TARGET across runs.
-#   scripts/fuzz.sh --campaign [--runs N] [--time SECONDS] [--corpus DIR] [TARGET...]
+#   scripts/fuzz.sh --campaign [--runs N] [--time SECONDS] [--corpus DIR] [--instance K] [TARGET...]
 #       A campaign: each TARGET (default: all) until N executions (default 1000000) or SECONDS (default: no
 #       limit), whichever comes first, one target after another. The corpus is kept in DIR/TARGET (default
 #       build-fuzz/campaign; any folder outside git) and grows from run to run; each run adds one line to
 #       DIR/TARGET.runs (date, commit, executions, coverage, features, corpus, crashes, seconds), and the summary
 #       shows this run and the total of all runs in DIR. Campaigns take hours of CPU: run them under nice -n 19.
 #       SIGINT to the fuzzer process (not to this script) ends its run early, and the run counts what it executed.
+#       --instance K: another campaign of the same targets side by side (one per core), with its own log
+#       (build-fuzz/logs/TARGET.K.log); the two share DIR, each taking up what the other adds to the corpus.
 #
 # Seeds are written fresh from valid inputs (fuzz_seeds) every time. Printed per target: executions, coverage
 # (cov: edges of the instrumented code reached by the corpus, as libFuzzer counts them; ft: its finer features),
@@ -21,7 +23,7 @@ cd "$(dirname "$0")/.."
 all_targets=(gguf tokenizer plan model request)
 usage() {
   echo "usage: scripts/fuzz.sh [SECONDS_PER_TARGET]" >&2
-  echo "       scripts/fuzz.sh --campaign [--runs N] [--time SECONDS] [--corpus DIR] [TARGET...]" >&2
+  echo "       scripts/fuzz.sh --campaign [--runs N] [--time SECONDS] [--corpus DIR] [--instance K] [TARGET...]" >&2
   echo "       targets: ${all_targets[*]}" >&2
   exit 2
 }
@@ -30,6 +32,7 @@ campaign=0
 secs=60
 runs=-1
 corpus_root=build-fuzz/corpus
+instance=
 targets=()
 if [[ "${1:-}" == "--campaign" ]]; then
   campaign=1
@@ -42,6 +45,7 @@ if [[ "${1:-}" == "--campaign" ]]; then
       --runs) [[ "${2:-}" =~ ^[0-9]+$ ]] || usage; runs=$2; shift 2 ;;
       --time) [[ "${2:-}" =~ ^[0-9]+$ ]] || usage; secs=$2; shift 2 ;;
       --corpus) [[ -n "${2:-}" ]] || usage; corpus_root=$2; shift 2 ;;
+      --instance) [[ "${2:-}" =~ ^[0-9A-Za-z_-]+$ ]] || usage; instance=.$2; shift 2 ;;
       -*) usage ;;
       *)
         [[ " ${all_targets[*]} " == *" $1 "* ]] || { echo "fuzz: unknown target '$1'" >&2; usage; }
@@ -86,7 +90,7 @@ for t in "${targets[@]}"; do
   [[ -f fuzz/$t.dict ]] && dict=(-dict="fuzz/$t.dict")
   limits=(-runs="$runs")
   ((secs > 0)) && limits+=(-max_total_time="$secs")
-  log="$out/logs/$t.log"
+  log="$out/logs/$t$instance.log"
   # Slow units (an input over 10 s, kept as $t-slow-unit-*) are not crashes; -timeout is.
   before=$(find "$out/crashes" -name "$t-*" ! -name "$t-slow-unit-*" | wc -l)
   t0=$SECONDS
