@@ -4,7 +4,9 @@
 // Connections are served by a fixed pool of threads with a bounded backlog: when every thread is busy and the
 // backlog is full, the listener stops accepting until a thread frees up (the kernel's queue holds the rest), so
 // threads and memory stay bounded under any number of connections. Keep the pool larger than the requests that
-// may run and wait at once (-np plus the queue) so an idle connection cannot starve them.
+// may run and wait at once (-np plus the queue) so an idle connection cannot starve them. What one connection can
+// hold: a thread while idle for keep_alive_s (0.1 s while others wait for a thread); a request's arrival,
+// request_timeout_s from its first byte (then 408); a refused request ends its connection.
 //
 // The process ignores SIGPIPE once an HttpServer exists: a write to a client that left must fail, not kill it.
 #pragma once
