@@ -479,6 +479,20 @@ struct Shape {
   static constexpr int rk = RK, rx = RX, tvx = TVX;
 };
 
+// Panels the panel path asks for ahead of the one it decodes. Without it the decoder's first load of each panel
+// waits for memory: the weights stream from DRAM once per step, and a panel (8 rows of 576 q4_1 values, 2,880
+// bytes) is too short a run for the hardware prefetcher to get ahead of. 8 rows of X, one thread, SmolLM2's
+// layers: 21.0 -> 18.1-19.3 ms for 2 to 16 panels ahead (prefetching into L1 instead was slower).
+inline constexpr int64_t kAhead = 4;
+
+// Asks for rows [i, i + n) of w (contiguous in memory) into the L2 cache; rows past the end are not asked for.
+inline void prefetch_rows(const Matrix& w, int64_t i, int64_t n) {
+  if (i >= w.n_out) return;
+  const char* a = reinterpret_cast<const char*>(w.data + uint64_t(i) * w.row_bytes);
+  const char* e = reinterpret_cast<const char*>(w.data + uint64_t(std::min(i + n, w.n_out)) * w.row_bytes);
+  for (const char* c = a; c < e; c += 64) _mm_prefetch(c, _MM_HINT_T1);
+}
+
 template <class S, TensorType T, bool kSigned>
 LT void rows_typed(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, int64_t t0, int64_t t1, float* y) {
   using Cd = Codes<T, kSigned>;
@@ -521,6 +535,7 @@ LT void rows_typed(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, i
   for (int64_t ic = i0; ic < i1; ic += kStage) {
     const int64_t ie = std::min(i1, ic + kStage);
     for (int64_t i = ic; i < ie; i += R) {
+      prefetch_rows(w, i + kAhead * R, R);
       decode_panel<Cd>(w, i, R, p);
       const int n_rows = int(std::min<int64_t>(R, ie - i));
       for (int64_t t = t0; t < t1;) {
