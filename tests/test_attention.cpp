@@ -194,6 +194,40 @@ TEST_CASE("every head dim 32-256 that models use, every GQA ratio, both storages
   }
 }
 
+TEST_CASE("shared passes of 16k + 1 to 16k + 8 stacked rows: the tiled kernel's narrow last block") {
+  // 24 rows = 8 sequences x 3 query heads per KV head (SmolLM2 at -np 8); the AVX-512 path takes the rows past
+  // the last multiple of 16 on 8 lanes when they fit, a mask of their own rows included (queries of 2-3 tokens).
+  const uint64_t seed = test::fresh_seed();
+  INFO("CASCADE_TEST_SEED=" << seed);
+  Rng rng(seed);
+  struct Case {
+    HeadShape shape;
+    int n_seq, n_query;
+  };
+  for (const Case& k : std::vector<Case>{{{9, 3, 64}, 8, 1},   // 24 rows per KV head
+                                         {{8, 2, 128}, 5, 1},  // 20
+                                         {{2, 2, 64}, 17, 1},  // 17
+                                         {{4, 1, 64}, 10, 1},  // 40
+                                         {{6, 2, 64}, 3, 2},   // 18, two tokens each
+                                         {{3, 1, 96}, 2, 3},   // 18
+                                         {{8, 2, 64}, 2, 5}}) {  // 40; 20 causal rows per own segment
+    Config c;
+    c.shape = k.shape;
+    c.dtype = rng.pick<DType>({DType::f32, DType::f16, DType::bf16});
+    c.paged = rng.coin();
+    c.tree.parent.push_back(-1);
+    c.seg_len.push_back(rng.uniform_int(100, 700));
+    for (int s = 0; s < k.n_seq; ++s) {
+      c.tree.parent.push_back(0);
+      c.tree.paths.push_back({0, s + 1});
+      c.seg_len.push_back(rng.uniform_int(0, 80) + k.n_query);
+      c.n_query.push_back(k.n_query);
+    }
+    c.n_threads = int(rng.uniform_int(0, 2));
+    check(rng, c);
+  }
+}
+
 TEST_CASE("edges: empty prefix, empty suffix, empty segments anywhere, batch 1, one key") {
   const uint64_t seed = test::fresh_seed();
   INFO("CASCADE_TEST_SEED=" << seed);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "cascade/cpu/kernel_avx2.hpp"  // its 8-lane vector, for the narrow kernels
 #include "cascade/cpu/kernel_common.hpp"
 
 #if CASCADE_X86
@@ -78,6 +79,25 @@ struct V {
 };
 
 #include "cascade/cpu/kernel_simd.inc"
+
+// The same kernels on 8 lanes (256-bit registers), compiled for AVX-512 so that they have 32 registers, for
+// the tiled kernel's last row block when it holds 8 rows or fewer (NarrowTail). 16 lanes would leave half of
+// them empty, and a 512-bit instruction costs two 256-bit ones on CPUs that split them (Zen 4): 24 rows (8
+// sequences x 3 query heads per KV head) cost 32 rows' work on 16 lanes, 24 rows' with the narrow tail.
+namespace narrow {
+struct V : avx2::V {};
+#include "cascade/cpu/kernel_simd.inc"
+}  // namespace narrow
+
+// tile_attend's last row block on 8 lanes.
+struct NarrowTail {
+  static constexpr int W = narrow::V::W;
+  template <int D, int NK>
+  static void block(const float* qt, const float* kp, const float* vp, int64_t d, int nk, const uint32_t* bits,
+                    int64_t bits_stride, float* ot, float* m, float* l) {
+    narrow::tile_block<D, 1, NK>(qt, kp, vp, d, nk, bits, bits_stride, ot, m, l);
+  }
+};
 
 }  // namespace cascade::cpu::avx512
 CASCADE_TARGET_END
@@ -271,6 +291,7 @@ void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int6
     const int64_t n = std::min({kTileKeys, t1 - a, kv.run_length(a)});
     const int64_t n_pad = (n + NK - 1) / NK * NK;
     bf16_panels(kv, kvh, a, n, n_pad, d, kp, vp);
+    avx512::prefetch_tile(kv, kvh, a + n, std::min(t1, a + n + kTileKeys));
     for (int64_t b = 0; b < n_blocks; ++b) {
       const int64_t r0 = b * RB, rows = std::min(RB, n_rows - r0);
       const bool full = mask.all_visible(r0, rows, a, n);
@@ -304,14 +325,15 @@ namespace cascade::cpu::avx512 {
 // Row blocks of the tiled kernel: RV registers of 16 rows against NK keys (S in registers: RV * NK of 32).
 inline constexpr int kTileRV = 1, kTileNK = 16;
 
-// One head with the tiled kernel: on bf16 dot products when bf16_dot (bf16 K/V only).
+// One head with the tiled kernel: on bf16 dot products when bf16_dot (bf16 K/V only), else on f32 multiply-adds
+// with a narrow last block.
 template <class T, int D, class Mask>
 void tile_head(bool bf16_dot, const float* q, int64_t n_rows, const KvView& kv, int kvh, int64_t t0, int64_t t1,
                const Mask& mask, float scale, float* o, float* lse, Scratch& sc) {
   if constexpr (std::is_same_v<T, bf16>)
     if (bf16_dot)
       return avx512_bf16::tile_attend<D, kTileRV, kTileNK, Mask>(q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse, sc);
-  tile_attend<T, D, kTileRV, kTileNK, Mask>(q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+  tile_attend<T, D, kTileRV, kTileNK, Mask, NarrowTail>(q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse, sc);
 }
 
 template <class T, class Mask>

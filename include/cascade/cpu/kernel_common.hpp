@@ -26,7 +26,8 @@ inline constexpr int64_t kFewRows = 8;
 // The kernels' revision: raised whenever a change moves what a kernel costs, so that auto's profiles
 // calibrated on older kernels (profile_cache.hpp keeps them per machine) are measured again, not reused.
 // 2: the per-sequence pass prefetches its K/V rows (about twice as fast from memory at head dim 64).
-inline constexpr int kKernelRevision = 2;
+// 3: the tiled kernel prefetches its next K/V tile and takes a last block of 8 rows or fewer on 8 lanes.
+inline constexpr int kKernelRevision = 3;
 
 // Per-thread scratch of the kernels: numbered buffers of floats, 64-byte aligned, grown on demand and kept.
 class Scratch {
