@@ -108,8 +108,36 @@ std::vector<std::pair<int32_t, double>> Sampler::distribution(const float* logit
   return p;
 }
 
+// Neither top-k nor top-p: nothing to sort, and the weights w_i = exp((logit_i - max) / temp) have their largest
+// exactly 1, so min-p keeps w_i >= min_p without normalizing first. One pass computes the weights (in f32, a
+// relative error of ~1e-7 on each, the sum in f64) into a kept buffer, one walks them in id order to u * sum.
+int32_t Sampler::sample_unsorted(const float* logits, int64_t n) {
+  CASCADE_CHECK(n > 0, "sampler: no logits");
+  float mx = logits[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, logits[i]);
+  weights_.resize(size_t(n));
+  const float inv_t = 1.0f / params_.temp, floor = params_.min_p;
+  double part[4] = {0, 0, 0, 0};  // four sums: one chain of dependent additions would take longer than the rest
+  for (int64_t i = 0; i < n; ++i) {
+    const float w = std::exp((logits[i] - mx) * inv_t);
+    weights_[size_t(i)] = w >= floor ? w : 0.0f;
+    part[i % 4] += weights_[size_t(i)];
+  }
+  const double u = rng_.uniform() * ((part[0] + part[1]) + (part[2] + part[3]));
+  double cum = 0;
+  int64_t last = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (weights_[size_t(i)] == 0.0f) continue;
+    cum += weights_[size_t(i)];
+    last = i;
+    if (u < cum) return int32_t(i);
+  }
+  return int32_t(last);  // u beyond the rounded total
+}
+
 int32_t Sampler::sample(const float* logits, int64_t n) {
   if (params_.temp <= 0) return argmax(logits, n);
+  if ((params_.top_k <= 0 || params_.top_k >= n) && params_.top_p >= 1) return sample_unsorted(logits, n);
   auto p = filtered(logits, n);
   // The draw walks the kept tokens in id order: logits that differ by rounding (another attention method,
   // another thread count) then move each token's interval by as little, never reorder the intervals.

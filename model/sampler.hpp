@@ -52,8 +52,10 @@ class Sampler {
 
  private:
   std::vector<std::pair<int32_t, double>> filtered(const float* logits, int64_t n) const;
+  int32_t sample_unsorted(const float* logits, int64_t n);
   SamplerParams params_;
   Rng rng_;
+  std::vector<float> weights_;  // sample_unsorted's, kept between draws
 };
 
 }  // namespace cascade
