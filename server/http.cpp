@@ -200,6 +200,10 @@ class Server final : public httplib::Server {
   void set_request_timeout(int seconds) { request_timeout_ = std::chrono::seconds(seconds); }
   // The pool serving the connections (made by new_task_queue when listening starts).
   void set_pool(const BoundedPool* pool) { pool_ = pool; }
+  // httplib listens with a queue of 5 connections: more clients than that connecting at once, while the accept
+  // loop waits for its turn on a core, had their handshakes dropped, and retried them only a second later.
+  // listen() again on the bound socket sets the kernel's queue to n.
+  bool set_listen_queue(int n) { return ::listen(svr_sock_, n) == 0; }
 
  private:
   // (httplib's own is private but virtual: the pool's threads call this one.)
@@ -417,6 +421,7 @@ int HttpServer::bind() {
     CASCADE_CHECK(impl_->svr.bind_to_port(c.host, port), "cannot listen on ", c.host, ":", port,
                   " (in use, or not an address of this machine)");
   }
+  CASCADE_CHECK(impl_->svr.set_listen_queue(std::max(c.backlog, 64)), "cannot listen on ", c.host, ":", port);
   return port;
 }
 

@@ -504,17 +504,18 @@ def case_exhaustion():
                 worst[k] = max(worst[k], v)
 
         # 1. Idle connections: 200 that never send a byte, opened as fast as they connect. The server takes one per
-        #    thread and 64 more into its backlog; then the listener waits and the kernel's listen queue (5) fills,
+        #    thread and 64 more into its backlog; then the listener waits and the kernel's listen queue (64) fills,
         #    after which new handshakes are dropped or answered with SYN cookies the full queue then drops: those
         #    clients hold nothing of the server. While connections wait for a thread, an idle one keeps its thread
         #    for 0.1 s only (not --idle-timeout), so another client is served after about (connections ahead of it /
         #    threads) x 0.1 s: ~0.5 s here, where --idle-timeout would make it ~5 s.
+        #    A connect that waits a second counts as dropped (a dropped handshake is retried after one).
         n_idle, dropped = 200, 0
         idle = []
         t0 = time.time()
         for _ in range(n_idle):
             s = socket.socket()
-            s.settimeout(0.2)
+            s.settimeout(1.0)
             try:
                 s.connect(("127.0.0.1", srv.port))
                 idle.append(s)
