@@ -3,6 +3,7 @@
 #include "server/engine.hpp"
 
 #include <tbb/info.h>
+#include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
 #include <algorithm>
@@ -437,16 +438,22 @@ void Engine::run_step(StepBatch& b) {
   }
   std::vector<float> logits;
   model_.forward(tokens, pos, *cache, logit_rows, logits);
+  // The running sequences draw side by side (each from its own sampler and stream); what follows from the
+  // draws, and the new requests' first draws, stay in order.
+  std::vector<int32_t> drawn(b.outs.size());
+  tbb::parallel_for(size_t(0), b.outs.size(), [&](size_t j) {
+    const StepBatch::Out& o = b.outs[j];
+    if (o.seq >= 0) drawn[j] = o.a->seqs[size_t(o.seq)].sampler.sample(logits.data() + int64_t(j) * n_vocab, n_vocab);
+  });
   for (size_t j = 0; j < b.outs.size(); ++j) {
     const StepBatch::Out& o = b.outs[j];
-    const float* row = logits.data() + int64_t(j) * n_vocab;
     if (o.seq < 0) {
-      start_sequences(*o.a, row);
+      start_sequences(*o.a, logits.data() + int64_t(j) * n_vocab);
       continue;
     }
     Sequence& s = o.a->seqs[size_t(o.seq)];
     ++s.pos;
-    accept(*o.a, s, s.sampler.sample(row, n_vocab), o.a->events);
+    accept(*o.a, s, drawn[j], o.a->events);
   }
 }
 
