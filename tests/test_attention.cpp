@@ -282,8 +282,10 @@ TEST_CASE("chains of segments with the same rows run as one pass, items straddli
   // sequences' rows (one pass), 3 and 5 only sequence 0's (one pass), 4 alone.
   c.tree.parent = {-1, 0, 1, 2, 2, 3};
   c.tree.paths = {{0, 1, 2, 3, 5}, {0, 1, 2, 4}};
+  // The last segments (4, 5) hold at least the 4 query tokens a sequence may have: queries reaching back into
+  // the shared segments would make them a pass of different rows (a seed with segment 4 one token long did).
   c.seg_len = {rng.uniform_int(300, 900), rng.uniform_int(1, 40), 0, rng.uniform_int(200, 700),
-               rng.uniform_int(1, 300), rng.uniform_int(1, 300)};
+               rng.uniform_int(4, 300), rng.uniform_int(4, 300)};
   c.n_query = {rng.uniform_int(1, 4), rng.uniform_int(1, 4)};
   c.n_threads = int(rng.uniform_int(2, 4));  // several chunks per pass, so some cross a join
   {
