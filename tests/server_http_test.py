@@ -524,11 +524,17 @@ def case_exhaustion():
                 dropped += 1
                 if dropped == 3:
                     break
-            if len(idle) % 8 == 0:
-                sample()
+            sample()
         opened = time.time() - t0
-        sample()
-        check(worst["fds"] >= base["fds"] + n_threads + 32,
+        # The server holds a connection from its accept() to its close; what it holds at a moment depends on how
+        # much of the cores its listener got (little under a sanitizer on 2 busy cores). It holds one per thread
+        # and some of its backlog at some moment: watched for a second more while it drains the kernel's queue.
+        held = base["fds"] + n_threads + 16
+        deadline = time.time() + 1.0
+        while worst["fds"] < held and time.time() < deadline:
+            sample()
+            time.sleep(0.01)
+        check(worst["fds"] >= held,
               f"{len(idle)} idle connections opened in {opened:.2f} s, but the server holds few: {worst}")
         t0 = time.time()
         status, _, data = srv.request("POST", C, hello)
@@ -537,7 +543,8 @@ def case_exhaustion():
         check(status == 200, f"a request beside {len(idle)} idle connections: {status} {data[:200]!r}")
         print(f"exhaustion: a request beside {len(idle)} idle connections (opened in {opened:.1f} s, {dropped} more "
               f"dropped) answered in {waited:.1f} s; worst {worst}")
-        check(waited < 2.5, f"a request waited {waited:.1f} s behind idle connections")
+        # Up to ~2 s on 2 cores kept busy by other work; waits of --idle-timeout would take 5 s or more.
+        check(waited < 4.0, f"a request waited {waited:.1f} s behind idle connections")
         for s in idle:
             s.close()
 
