@@ -28,6 +28,7 @@
 //  14  AVX2 few-rows, scores 4 rows x 2 keys at a time (production: 2 x 4)
 //  15  AVX-512 few-rows without its software prefetch (try --cold: from memory it is about half as fast)
 //  16  AVX2 few-rows without its software prefetch
+//  17  AVX-512 few-rows, scores head by head over a whole tile (production: every head of 16 keys, then the next)
 #include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
 
 #include <algorithm>
@@ -130,14 +131,14 @@ struct Avx2Tile {
     }
   };
 };
-template <int RG, int KG, bool Prefetch = true>
+template <int RG, int KG, bool Prefetch = true, int64_t KC = avx512::kFewChunk>
 struct Avx512Few {
   template <class T, int D>
   struct K {
     static Run run() {
       return [](const Problem& p, float* o, float* lse, Scratch& sc) {
-        avx512::few_attend<T, D / 16, LimitMask, RG, KG, Prefetch>(p.q.data(), p.rows, p.heads, p.kv, 0, 0, p.keys,
-                                                                  LimitMask{p.limit.data()}, p.scale, o, lse, sc);
+        avx512::few_attend<T, D / 16, LimitMask, RG, KG, Prefetch, KC>(
+            p.q.data(), p.rows, p.heads, p.kv, 0, 0, p.keys, LimitMask{p.limit.data()}, p.scale, o, lse, sc);
       };
     }
   };
@@ -196,6 +197,8 @@ std::vector<Variant> variants(const Problem& p) {
                avx512 && p.dim % 16 == 0});
   v.push_back({"AVX2 few-rows, no software prefetch", typed<Avx2Few<2, 4, false>::K>(p), false,
                avx2 && p.dim % 8 == 0});
+  v.push_back({"AVX-512 few-rows, scores head by head over a whole tile",
+               typed<Avx512Few<4, 4, true, avx512::kFewTile>::K>(p), false, avx512 && p.dim % 16 == 0});
 #endif
   return v;
 }

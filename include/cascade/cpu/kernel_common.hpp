@@ -27,7 +27,9 @@ inline constexpr int64_t kFewRows = 8;
 // calibrated on older kernels (profile_cache.hpp keeps them per machine) are measured again, not reused.
 // 2: the per-sequence pass prefetches its K/V rows (about twice as fast from memory at head dim 64).
 // 3: the tiled kernel prefetches its next K/V tile and takes a last block of 8 rows or fewer on 8 lanes.
-inline constexpr int kKernelRevision = 3;
+// 4: the per-sequence pass keeps each head's queries in registers over a chunk of keys (1.2-1.6x from memory
+//    with 8 KV heads).
+inline constexpr int kKernelRevision = 4;
 
 // Per-thread scratch of the kernels: numbered buffers of floats, 64-byte aligned, grown on demand and kept.
 class Scratch {
