@@ -175,6 +175,25 @@ struct Codes<T, kSigned> {
     const float mul = T == TensorType::Q4_0 ? -8.0f : kSigned ? 0.0f : -128.0f;
     const uint8_t* b = row + g0 * bb;
     int64_t g = 0;
+#if CASCADE_LINEAR_512
+    if constexpr (T == TensorType::Q4_1) {
+      // 16 blocks (320 bytes, five loads) at a time: their first dwords, (d, m), picked out by three permutes:
+      // dwords 0, 5, .., 30 of the first two loads, 35, .., 60 of the next two, 65, 70, 75 of the last.
+      const __m512i i01 = _mm512_setr_epi32(0, 5, 10, 15, 20, 25, 30, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+      const __m512i i23 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 3, 8, 13, 18, 23, 28, 0, 0, 0);
+      const __m512i i4 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 6, 11);
+      for (; g + 16 <= n; g += 16) {
+        const uint8_t* p = b + g * bb;
+        const __m512i r0 = _mm512_loadu_si512(p), r1 = _mm512_loadu_si512(p + 64), r2 = _mm512_loadu_si512(p + 128),
+                      r3 = _mm512_loadu_si512(p + 192), r4 = _mm512_loadu_si512(p + 256);
+        __m512i w = _mm512_permutex2var_epi32(r0, i01, r1);
+        w = _mm512_mask_blend_epi32(__mmask16(0x1f80), w, _mm512_permutex2var_epi32(r2, i23, r3));
+        w = _mm512_mask_blend_epi32(__mmask16(0xe000), w, _mm512_permutexvar_epi32(i4, r4));
+        _mm512_storeu_ps(sc + g, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w)));
+        _mm512_storeu_ps(off + g, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16))));
+      }
+    }
+#endif
     if constexpr (T == TensorType::Q4_1) {
       // (d, m) of 4 blocks as 8 halves: d0 m0 d1 m1 ..., then apart
       for (; g + 4 <= n; g += 4) {
@@ -212,15 +231,32 @@ struct Codes<T, kSigned> {
   // then 16-31 and 48-63; chunk_order says so to the kernel, which reorders its activations the same way.
   static constexpr bool nibble_order = T != TensorType::Q8_0;
 #if CASCADE_LINEAR_512
-  LT static __m512i chunk64(const uint8_t* row, int64_t c, int64_t n_units) {
+  // limit: the end of the memory that may be read (the matrix's end).
+  LT static __m512i chunk64(const uint8_t* row, int64_t c, int64_t n_units, const uint8_t* limit) {
     if constexpr (T == TensorType::Q8_0) {
       const __m256i lo = unit(row, 2 * c);
       const __m256i hi = 2 * c + 1 < n_units ? unit(row, 2 * c + 1) : _mm256_setzero_si256();
       return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
     } else {
+      const uint8_t* p = row + 2 * c * bb;
+      if (2 * c + 1 < n_units && p + 64 <= limit) {
+        // Both blocks in one load, and one permute puts their 32 code bytes in each half: low nibbles kept in
+        // the lower half, high nibbles shifted down in the upper. q4_1: 20-byte blocks, codes in dwords 1-4 and
+        // 6-9; q4_0: 18-byte blocks, codes in words 1-8 and 10-17.
+        const __m512i raw = _mm512_loadu_si512(p);
+        __m512i v;
+        if constexpr (T == TensorType::Q4_1)
+          v = _mm512_permutexvar_epi32(_mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 1, 2, 3, 4, 6, 7, 8, 9), raw);
+        else
+          v = _mm512_permutexvar_epi16(_mm512_set_epi16(17, 16, 15, 14, 13, 12, 11, 10, 8, 7, 6, 5, 4, 3, 2, 1,  //
+                                                        17, 16, 15, 14, 13, 12, 11, 10, 8, 7, 6, 5, 4, 3, 2, 1),
+                                       raw);
+        v = _mm512_mask_srli_epi16(v, __mmask32(0xffff0000u), v, 4);
+        return _mm512_and_si512(v, _mm512_set1_epi8(15));
+      }
       constexpr size_t qs = T == TensorType::Q4_0 ? 2 : 4;
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * c * bb + qs));
-      const __m128i b = 2 * c + 1 < n_units ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + (2 * c + 1) * bb + qs))
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + qs));
+      const __m128i b = 2 * c + 1 < n_units ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + bb + qs))
                                             : _mm_setzero_si128();
       const __m256i v = _mm256_set_m128i(b, a), m4 = _mm256_set1_epi8(15);
       return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m4)),
@@ -271,7 +307,7 @@ struct Codes<T, kSigned> {
   }
   static constexpr bool nibble_order = false;
 #if CASCADE_LINEAR_512
-  LT static __m512i chunk64(const uint8_t* row, int64_t c, int64_t) {
+  LT static __m512i chunk64(const uint8_t* row, int64_t c, int64_t, const uint8_t*) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(unit(row, 2 * c)), unit(row, 2 * c + 1), 1);
   }
 #endif
@@ -336,14 +372,15 @@ LT void decode_panel(const Matrix& w, int64_t i, int R, Panel& p) {
 
 // --- the int8 product, by lanes of K ---------------------------------------------------------------------
 
-// A chunk of 32 (V256) or 64 (V512) codes of a row; units past the row (n_units) are zero.
+// A chunk of 32 (V256) or 64 (V512) codes of a row; units past the row (n_units) are zero. Nothing at or past
+// limit is read.
 template <class V, class Cd>
-LT typename V::I chunk_codes(const uint8_t* row, int64_t c, int64_t n_units) {
+LT typename V::I chunk_codes(const uint8_t* row, int64_t c, int64_t n_units, const uint8_t* limit) {
   if constexpr (V::L == 8) {
     return Cd::unit(row, c);
   } else {
 #if CASCADE_LINEAR_512
-    return Cd::chunk64(row, c, n_units);
+    return Cd::chunk64(row, c, n_units, limit);
 #endif
   }
 }
@@ -368,6 +405,7 @@ LT void tile_k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, float*
   float* off = sc + R * gp;        // (R, gp)
   float* comb = off + R * gp;      // (R, T, gp)
   const uint8_t* row[R];
+  const uint8_t* limit = w.data + w.bytes();  // the matrix's end
   for (int r = 0; r < R; ++r) {
     row[r] = w.data + uint64_t(std::min(i + r, w.n_out - 1)) * w.row_bytes;
     Cd::scales(row[r], 0, n_groups, sc + r * gp, off + r * gp);
@@ -392,7 +430,7 @@ LT void tile_k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, float*
     const int j = int(c % CW);
     const I idx = reorder ? V::nibble_groups(j) : V::template chunk_groups<G>(j);
     I wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = chunk_codes<V, Cd>(row[r], c, n_units);
+    for (int r = 0; r < R; ++r) wv[r] = chunk_codes<V, Cd>(row[r], c, n_units, limit);
     I wa[R];
     if constexpr (Cd::is_signed)
       for (int r = 0; r < R; ++r) wa[r] = V::abs8(wv[r]);
