@@ -399,17 +399,21 @@ LT void tile_k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, float*
   const int64_t K = x.n_in, nb = K / 32, n_groups = K / G, n_units = K / 32;
   const int64_t gp = (n_groups + L - 1) / L * L, n_chunks = (K + C - 1) / C;
   const float* s_base = G == 16 ? x.s16.data() : x.s32.data();
+  // A row's scales and offsets take gs floats: its gp groups and L of slack, so that one vector store zeroes
+  // groups n_groups .. gp - 1 (fewer than L) without a loop.
+  const int64_t gs = gp + L;
   thread_local std::vector<float> buf;
-  buf.resize(size_t((2 * R + R * T) * gp + 16));
-  float* sc = buf.data();          // (R, gp)
-  float* off = sc + R * gp;        // (R, gp)
-  float* comb = off + R * gp;      // (R, T, gp)
+  buf.resize(size_t(2 * R * gs + R * T * gp + 16));
+  float* sc = buf.data();          // (R, gs)
+  float* off = sc + R * gs;        // (R, gs)
+  float* comb = off + R * gs;      // (R, T, gp)
   const uint8_t* row[R];
   const uint8_t* limit = w.data + w.bytes();  // the matrix's end
   for (int r = 0; r < R; ++r) {
     row[r] = w.data + uint64_t(std::min(i + r, w.n_out - 1)) * w.row_bytes;
-    Cd::scales(row[r], 0, n_groups, sc + r * gp, off + r * gp);
-    for (int64_t g = n_groups; g < gp; ++g) sc[r * gp + g] = off[r * gp + g] = 0.0f;
+    Cd::scales(row[r], 0, n_groups, sc + r * gs, off + r * gs);
+    V::storef(sc + r * gs + n_groups, V::fzero());
+    V::storef(off + r * gs + n_groups, V::fzero());
   }
   F acc[R][T];
   for (int t = 0; t < T; ++t) {
@@ -419,8 +423,8 @@ LT void tile_k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, float*
     for (int r = 0; r < R; ++r) {
       F o = V::fzero();
       for (int64_t g = 0; g < gp; g += L) {
-        V::storef(comb + (r * T + t) * gp + g, V::mul(V::loadf(sc + r * gp + g), V::template group_d<G>(d + g * G / 32)));
-        o = V::fma(V::loadf(off + r * gp + g), V::loadf(sg + g), o);
+        V::storef(comb + (r * T + t) * gp + g, V::mul(V::loadf(sc + r * gs + g), V::template group_d<G>(d + g * G / 32)));
+        o = V::fma(V::loadf(off + r * gs + g), V::loadf(sg + g), o);
       }
       acc[r][t] = o;
     }
