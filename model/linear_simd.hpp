@@ -239,7 +239,7 @@ struct Codes<T, kSigned> {
       return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
     } else {
       const uint8_t* p = row + 2 * c * bb;
-      if (2 * c + 1 < n_units && p + 64 <= limit) {
+      if (2 * c + 1 < n_units && limit - p >= 64) {
         // Both blocks in one load, and one permute puts their 32 code bytes in each half: low nibbles kept in
         // the lower half, high nibbles shifted down in the upper. q4_1: 20-byte blocks, codes in dwords 1-4 and
         // 6-9; q4_0: 18-byte blocks, codes in words 1-8 and 10-17.
