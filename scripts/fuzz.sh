@@ -3,8 +3,8 @@
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET]
 #       CI: every target for that long (default 60). What the fuzzers find worth keeping accumulates in
-#       build-fuzz/corpus/TARGET across runs. The attention kernels are built without ASan and UBSan here (a
-#       quarter of the build time; scripts/sanitize.sh runs them instrumented), with them for a campaign.
+#       build-fuzz/corpus/TARGET across runs. The attention kernels are built without ASan and UBSan here (about
+#       half of the build time; scripts/sanitize.sh runs them instrumented), with them for a campaign.
 #   scripts/fuzz.sh --campaign [--runs N] [--time SECONDS] [--corpus DIR] [--instance K] [TARGET...]
 #       A campaign: each TARGET (default: all) until N executions (default 1000000) or SECONDS (default: no
 #       limit), whichever comes first, one target after another. The corpus is kept in DIR/TARGET (default
