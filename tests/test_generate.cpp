@@ -87,7 +87,7 @@ const std::vector<std::string> kPrompts = {
 
 }  // namespace
 
-TEST_CASE("generate: greedy continuations are identical with cascade, split and unified attention (f32 path)") {
+TEST_CASE("generate: greedy continuations are identical with cascade, split, unified and auto attention (f32 path)") {
   require_model();
   const Loaded& m = loaded();
   std::vector<std::vector<int32_t>> prompts;
@@ -107,6 +107,7 @@ TEST_CASE("generate: greedy continuations are identical with cascade, split and 
     CAPTURE(m.tok.decode(res[0].sequences[s].tokens));
     CHECK(res[1].sequences[s].tokens == res[0].sequences[s].tokens);
     CHECK(res[2].sequences[s].tokens == res[0].sequences[s].tokens);
+    CHECK(res[3].sequences[s].tokens == res[0].sequences[s].tokens);  // auto: whatever it regrouped
     CHECK(res[0].sequences[s].tokens.size() >= 8);  // the prompts invite a long continuation
   }
   // Different prompts, different texts; the two sequences of a prompt agree (greedy).
