@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite under AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer included): a separate build in
-# build-asan, every finding fatal (-fno-sanitize-recover=all). Extra arguments go to ctest.
+# build-asan, every finding fatal (-fno-sanitize-recover=all). Extra arguments go to ctest. The fuzz targets run
+# here too (CASCADE_FUZZ_REPLAY, fuzz/replay.cmake): every seed, then random mutations of them for a few seconds.
 #   scripts/sanitize.sh            build and run
 #   CASCADE_SANITIZE_CXX=clang++ ... another compiler (default g++; clang 14 cannot build the tests: it lacks
 #                                  C++20 lambda captures of structured bindings)
@@ -15,7 +16,7 @@ san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 # all a sanitizer's report shows, in less build time than full debug info.
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_CXX_FLAGS_DEBUG="" \
   -DCMAKE_CXX_FLAGS="-O1 -g1 $san" -DCMAKE_EXE_LINKER_FLAGS="$san" \
-  -DCASCADE_BUILD_BENCH=OFF -DCASCADE_CUDA=OFF >/dev/null
+  -DCASCADE_BUILD_BENCH=OFF -DCASCADE_CUDA=OFF -DCASCADE_FUZZ_REPLAY=ON >/dev/null
 cmake --build build-asan -j2
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
@@ -23,25 +24,25 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # Excluded, all still run by scripts/test.sh:
 #  - consumer_find_package builds the README example in an outside project with the default compiler and no
 #    sanitizer: nothing of ours runs instrumented there.
-#  - "generate: greedy continuations are identical ..." decodes the real model three times over: ~160 s under ASan on
-#    2 cores, more than the rest of the suite together. The other generate: tests still run the real model (prefill,
+#  - "generate: greedy continuations are identical ..." decodes the real model four times over on its f32 path:
+#    ~300 s under ASan (one at a time), more than the rest of the suite together. The other generate: tests still run the real model (prefill,
 #    decode, sampling, chat) under the sanitizers.
 #  - "server_http: shared_prompt" prefills a 1,000-token prompt and serves 16 clients: past its 2-minute waits under
 #    ASan. The other server_http: cases run the instrumented server (streams, disconnects, shutdown, bad input).
 #  - "server engine: greedy texts equal generate()'s ..." and "server engine: a seeded request writes the same
-#    text ..." compare whole texts token for token over several runs of the real model: 228 s and 178 s under
-#    ASan on 2 cores. The other server engine: cases (cached prefixes, cancellation, eviction under a budget,
+#    text ..." compare whole texts token for token over several runs of the real model: 143 s and 105 s under
+#    ASan. The other server engine: cases (cached prefixes, cancellation, eviction under a budget,
 #    stop strings, the queue, draining) run the instrumented engine.
 excluded='consumer_find_package|generate: greedy continuations are identical|server_http: shared_prompt'
 #  - "generate: a sequence samples the same text whatever the method ... (f32 path)" and "generate: a prefill in
 #    small chunks gives the same text as one pass (f32 path)" decode the real model on its f32 path several times
-#    for a token-for-token comparison: 52 s and 39 s under ASan. The instrumented runtime still samples, prefills
+#    for a token-for-token comparison: 26 s and 22 s under ASan. The instrumented runtime still samples, prefills
 #    in chunks and decodes with every method in the other generate: and server engine: cases.
 excluded+='|generate: a sequence samples the same text whatever the method.*f32 path'
 excluded+='|generate: a prefill in small chunks gives the same text as one pass .f32 path.'
 excluded+='|server engine: greedy texts equal|server engine: a seeded request writes the same text'
 #  - "server engine: a prompt reuses the longest cached prefix, and reusing it changes no token" decodes the real
-#    model token for token with and without the cache: 65 s under ASan, the slowest case left. The instrumented
+#    model token for token with and without the cache: 29 s under ASan. The instrumented
 #    engine still reuses cached prefixes in test_server_stress (its clients' prompts share four stems) and evicts
 #    them in the eviction case.
 excluded+='|server engine: a prompt reuses the longest cached prefix'

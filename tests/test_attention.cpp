@@ -151,7 +151,7 @@ TEST_CASE("cascade == split == unified == reference on random problems") {
   const uint64_t seed = test::fresh_seed();
   INFO("CASCADE_TEST_SEED=" << seed);
   Rng rng(seed);
-  for (int it = 0; it < 60; ++it) {
+  for (int it = 0; it < test::sweep(60); ++it) {
     CAPTURE(it);
     check(rng, random_config(rng, 2e7));
   }
