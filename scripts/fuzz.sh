@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets (fuzz/, clang, ASan + UBSan) in build-fuzz and runs them.
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET]
-#       CI: every target for that long (default 60). What the fuzzers find worth keeping accumulates in
+#       Every target for that long (default 60). What the fuzzers find worth keeping accumulates in
 #       build-fuzz/corpus/TARGET across runs. The attention kernels are built without ASan and UBSan here (about
 #       half of the build time; scripts/sanitize.sh runs them instrumented), with them for a campaign.
 #   scripts/fuzz.sh --campaign [--runs N] [--time SECONDS] [--corpus DIR] [--instance K] [TARGET...]
@@ -60,7 +60,7 @@ elif (($#)); then
   secs=$1
 fi
 ((${#targets[@]})) || targets=("${all_targets[@]}")
-bash scripts/setup.sh --no-model
+bash scripts/setup.sh --no-model --fuzz
 
 start=$SECONDS
 # Campaigns of different targets may run side by side (one per core) on this one build: its build and the seeds are

