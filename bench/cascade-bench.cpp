@@ -20,6 +20,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -57,7 +58,8 @@ void usage() {
       "  --threads LIST      threads (0 = all; default 0)\n"
       "  --isa LIST          kernel tiers to run, each method on each in the same rounds: avx512, avx2, portable\n"
       "                      (default: the widest this CPU has)\n"
-      "  --f32-products      bf16 K/V multiplied in f32 (default: on bf16 dot products where the CPU has them)\n"
+      "  --f32-products      bf16 K/V multiplied in f32; --bf16-products: on bf16 dot products (default: the\n"
+      "                      library's choice, bf16 dot products where this CPU runs them faster than f32 FMAs)\n"
       "  --reps N            timed repetitions of each method, interleaved (default 5; up to 5x as many\n"
       "                      when the fastest method takes under 1 ms), --warmup N (default 1)\n"
       "  --no-flush          keep caches warm between repetitions\n"
@@ -82,8 +84,8 @@ Args parse_args(int argc, char** argv) {
       }
       return true;
     }
-    if (f == "--f32-products") {
-      a.bf16_products = false;
+    if (f == "--f32-products" || f == "--bf16-products") {
+      a.bf16_products = f == "--bf16-products";
       return true;
     }
     return false;
@@ -181,7 +183,8 @@ int main(int argc, char** argv) {
   };
   std::map<int, Limits> limits;                                       // threads -> the machine's limits
   std::map<std::pair<int, cascade::Isa>, cascade::CostModel> models;  // (threads, tier) -> auto's cost model
-  const cascade::cpu::Bf16Products products(a.bf16_products);
+  std::optional<cascade::cpu::Bf16Products> products;
+  if (a.bf16_products >= 0) products.emplace(a.bf16_products == 1);
   try {
     for (int thr_req : a.threads) {
       const int thr = thr_req > 0 ? std::min(thr_req, tbb::info::default_concurrency())

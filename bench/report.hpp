@@ -67,7 +67,7 @@ struct Args {
   std::vector<std::string> methods;
   std::vector<int> threads{0};
   std::vector<cascade::Isa> isas;  // instruction-set tiers to run (CPU only; empty: the widest the CPU has)
-  bool bf16_products = true;       // bf16 K/V on bf16 dot products where the CPU has them (CPU only)
+  int bf16_products = -1;  // bf16 K/V on bf16 dot products: 1 yes, 0 no, -1 the library's choice (CPU only)
   int reps = 5, warmup = 1;
   std::string format = "md";
   bool flush = true;

@@ -465,6 +465,32 @@ TEST_CASE("softmax exp2 on every tier: accurate, exactly 0 when masked, never su
 }
 #endif
 
+TEST_CASE("bf16 products: measured choice by default, a scope's setting restored after it") {
+  const bool measured = cpu::bf16_products();
+  CHECK(measured == cpu::detail::bf16_products_faster());
+#if CASCADE_X86
+  if (detected_isa() == Isa::avx512 && cpu_features().avx512_bf16) {
+    const double r = cpu::avx512_bf16::bf16_over_fma_rate();
+    MESSAGE("bf16 dot products / f32 FMAs, multiply-adds per second on this CPU: " << r);
+    CHECK((r > 0.05 && r < 20));  // a rate, not a failed timing
+    if (r < 1.0 || r > 1.45) CHECK(measured == (r > 1.2));  // near 1.2, two timings may fall either side
+  } else {
+    CHECK_FALSE(measured);
+  }
+#endif
+  {
+    const cpu::Bf16Products on(!measured);
+    CHECK(cpu::bf16_products() == !measured);
+    {
+      const cpu::Bf16Products inner(measured);
+      CHECK(cpu::bf16_products() == measured);
+    }
+    CHECK(cpu::bf16_products() == !measured);
+  }
+  CHECK(cpu::bf16_products() == measured);
+  CHECK(cpu::detail::bf16_products_flag().load() == -1);  // back to the measured choice, not a fixed setting
+}
+
 TEST_CASE("merge: commutative, associative, empty state is the identity, two empties stay empty") {
   const uint64_t seed = test::fresh_seed();
   INFO("CASCADE_TEST_SEED=" << seed);

@@ -28,26 +28,46 @@
 namespace cascade::cpu {
 
 namespace detail {
-inline std::atomic<bool>& bf16_products_flag() {
-  static std::atomic<bool> on{true};
+// -1: not set (the measured choice below); 0 or 1: set.
+inline std::atomic<int>& bf16_products_flag() {
+  static std::atomic<int> on{-1};
   return on;
+}
+// Whether this CPU's bf16 dot products out-run its f32 FMAs by a margin (20%), measured once per process
+// (~0.2 ms): far apart where they differ at all (2x and 0.5x on the CPUs measured), so the choice does not
+// move between runs on one machine.
+inline bool bf16_products_faster() {
+#if CASCADE_X86
+  static const bool faster = detected_isa() == Isa::avx512 && cpu_features().avx512_bf16 &&
+                             avx512_bf16::bf16_over_fma_rate() > 1.2;
+  return faster;
+#else
+  return false;
+#endif
 }
 }  // namespace detail
 
-// bf16 K/V on the AVX-512 tiled kernel, where the CPU has AVX512_BF16: multiplied on bf16 dot products (on by
-// default: twice the f32 rate; q and the softmax weights are rounded to bf16, kernel_avx512.hpp states the
-// error) or in f32. Process-wide, as the tier limit (simd.hpp); Bf16Products sets it for one scope.
-inline void set_bf16_products(bool on) { detail::bf16_products_flag().store(on, std::memory_order_relaxed); }
-inline bool bf16_products() { return detail::bf16_products_flag().load(std::memory_order_relaxed); }
+// bf16 K/V on the AVX-512 tiled kernel, where the CPU has AVX512_BF16: multiplied on bf16 dot products (q and
+// the softmax weights rounded to bf16, kernel_avx512.hpp states the error) or in f32. By default on bf16 dot
+// products where they are faster than this CPU's f32 FMAs (measured once per process: twice the rate on some
+// CPUs, half on others), else in f32. Process-wide, as the tier limit (simd.hpp); Bf16Products sets it for one
+// scope.
+inline void set_bf16_products(bool on) { detail::bf16_products_flag().store(on ? 1 : 0, std::memory_order_relaxed); }
+inline bool bf16_products() {
+  const int v = detail::bf16_products_flag().load(std::memory_order_relaxed);
+  return v >= 0 ? v != 0 : detail::bf16_products_faster();
+}
 class Bf16Products {
  public:
-  explicit Bf16Products(bool on) : saved_(bf16_products()) { set_bf16_products(on); }
-  ~Bf16Products() { set_bf16_products(saved_); }
+  explicit Bf16Products(bool on) : saved_(detail::bf16_products_flag().load(std::memory_order_relaxed)) {
+    set_bf16_products(on);
+  }
+  ~Bf16Products() { detail::bf16_products_flag().store(saved_, std::memory_order_relaxed); }
   Bf16Products(const Bf16Products&) = delete;
   Bf16Products& operator=(const Bf16Products&) = delete;
 
  private:
-  bool saved_;
+  int saved_;  // -1 (the measured choice) is restored as such
 };
 
 // Whether bf16 K/V multiply on bf16 dot products under tier `isa` (the tiled kernel only).
