@@ -231,15 +231,26 @@ struct Codes<T, kSigned> {
   // then 16-31 and 48-63; chunk_order says so to the kernel, which reorders its activations the same way.
   static constexpr bool nibble_order = T != TensorType::Q8_0;
 #if CASCADE_LINEAR_512
-  // limit: the end of the memory that may be read (the matrix's end).
+  // The chunks c < fast_chunks(...) of every row at or before `last` are whole (two units) and their 64-byte loads
+  // end at or before limit (the end of the memory that may be read: the matrix's end); chunk64<false> reads those
+  // without checking. chunk64<true> reads any chunk, a unit past the row being zero.
+  LT static int64_t fast_chunks(const uint8_t* last, int64_t n_units, const uint8_t* limit) {
+    int64_t n = n_units / 2;
+    if constexpr (T != TensorType::Q8_0) {
+      const int64_t room = limit - last - 64;  // chunk c's load starts at last + 2 c bb
+      n = room < 0 ? 0 : std::min<int64_t>(n, room / int64_t(2 * bb) + 1);
+    }
+    return n;
+  }
+  template <bool kChecked>
   LT static __m512i chunk64(const uint8_t* row, int64_t c, int64_t n_units, const uint8_t* limit) {
     if constexpr (T == TensorType::Q8_0) {
       const __m256i lo = unit(row, 2 * c);
-      const __m256i hi = 2 * c + 1 < n_units ? unit(row, 2 * c + 1) : _mm256_setzero_si256();
+      const __m256i hi = !kChecked || 2 * c + 1 < n_units ? unit(row, 2 * c + 1) : _mm256_setzero_si256();
       return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
     } else {
       const uint8_t* p = row + 2 * c * bb;
-      if (2 * c + 1 < n_units && limit - p >= 64) {
+      if (!kChecked || (2 * c + 1 < n_units && limit - p >= 64)) {
         // Both blocks in one load, and one permute puts their 32 code bytes in each half: low nibbles kept in
         // the lower half, high nibbles shifted down in the upper. q4_1: 20-byte blocks, codes in dwords 1-4 and
         // 6-9; q4_0: 18-byte blocks, codes in words 1-8 and 10-17.
@@ -307,6 +318,8 @@ struct Codes<T, kSigned> {
   }
   static constexpr bool nibble_order = false;
 #if CASCADE_LINEAR_512
+  LT static int64_t fast_chunks(const uint8_t*, int64_t n_units, const uint8_t*) { return n_units / 2; }
+  template <bool>
   LT static __m512i chunk64(const uint8_t* row, int64_t c, int64_t, const uint8_t*) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(unit(row, 2 * c)), unit(row, 2 * c + 1), 1);
   }
@@ -374,13 +387,25 @@ LT void decode_panel(const Matrix& w, int64_t i, int R, Panel& p) {
 
 // A chunk of 32 (V256) or 64 (V512) codes of a row; units past the row (n_units) are zero. Nothing at or past
 // limit is read.
-template <class V, class Cd>
+template <class V, class Cd, bool kChecked>
 LT typename V::I chunk_codes(const uint8_t* row, int64_t c, int64_t n_units, const uint8_t* limit) {
   if constexpr (V::L == 8) {
     return Cd::unit(row, c);
   } else {
 #if CASCADE_LINEAR_512
-    return Cd::chunk64(row, c, n_units, limit);
+    return Cd::template chunk64<kChecked>(row, c, n_units, limit);
+#endif
+  }
+}
+
+// How many leading chunks of rows up to `last` chunk_codes<V, Cd, false> may read (the rest need checks).
+template <class V, class Cd>
+LT int64_t fast_chunk_count(const uint8_t* last, int64_t n_units, int64_t n_chunks, const uint8_t* limit) {
+  if constexpr (V::L == 8) {
+    return n_chunks;  // a unit's load stays inside its block
+  } else {
+#if CASCADE_LINEAR_512
+    return std::min(n_chunks, Cd::fast_chunks(last, n_units, limit));
 #endif
   }
 }
@@ -429,12 +454,12 @@ LT void tile_k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, float*
       acc[r][t] = o;
     }
   }
-  for (int64_t c = 0; c < n_chunks; ++c) {
+  const auto chunk = [&]<bool kChecked>(int64_t c) LT {
     const int64_t window = c / CW * L;
     const int j = int(c % CW);
     const I idx = reorder ? V::nibble_groups(j) : V::template chunk_groups<G>(j);
     I wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = chunk_codes<V, Cd>(row[r], c, n_units, limit);
+    for (int r = 0; r < R; ++r) wv[r] = chunk_codes<V, Cd, kChecked>(row[r], c, n_units, limit);
     I wa[R];
     if constexpr (Cd::is_signed)
       for (int r = 0; r < R; ++r) wa[r] = V::abs8(wv[r]);
@@ -448,7 +473,13 @@ LT void tile_k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, float*
         acc[r][t] = V::fma(V::cvt(s), V::permute(idx, comb + (r * T + t) * gp + window), acc[r][t]);
       }
     }
-  }
+  };
+  // The chunks every row reads whole without a bounds check, then the rest (a row's odd last unit, or the loads
+  // that would pass the matrix's end) with checks. Checking every chunk made this loop 1.7x slower.
+  const int64_t n_fast = fast_chunk_count<V, Cd>(row[R - 1], n_units, n_chunks, limit);
+  int64_t c = 0;
+  for (; c < n_fast; ++c) chunk.template operator()<false>(c);
+  for (; c < n_chunks; ++c) chunk.template operator()<true>(c);
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) out[r * T + t] = V::hsum(acc[r][t]);
 }
@@ -521,10 +552,11 @@ struct Shape {
   static constexpr int rk = RK, rx = RX, tvx = TVX;
 };
 
-// Panels the panel path asks for ahead of the one it decodes. Without it the decoder's first load of each panel
-// waits for memory: the weights stream from DRAM once per step, and a panel (8 rows of 576 q4_1 values, 2,880
-// bytes) is too short a run for the hardware prefetcher to get ahead of. 8 rows of X, one thread, SmolLM2's
-// layers: 21.0 -> 18.1-19.3 ms for 2 to 16 panels ahead (prefetching into L1 instead was slower).
+// Panels (or tiles of rows, by lanes of K) asked for ahead of the one being multiplied. Without it the first load
+// of each panel waits for memory: the weights stream from DRAM once per step, and a panel (8 rows of 576 q4_1
+// values, 2,880 bytes) is too short a run for the hardware prefetcher to get ahead of. 8 rows of X, one thread,
+// SmolLM2's layers: 21.0 -> 18.1-19.3 ms for 2 to 16 panels ahead (prefetching into L1 instead was slower).
+// 1 row of X, two threads, SmolLM2's q4_1 lm_head from DRAM: 10-14 -> 16-19 GB/s for 4 tiles of 4 rows ahead.
 inline constexpr int64_t kAhead = 4;
 
 // Asks for rows [i, i + n) of w (contiguous in memory) into the L2 cache; rows past the end are not asked for.
@@ -545,6 +577,7 @@ LT void rows_typed(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, i
     // few rows of X: codes straight into registers, R weight rows at a time
     constexpr int R = S::rk;
     for (int64_t i = i0; i < i1; i += R) {
+      prefetch_rows(w, i + kAhead * R, R);
       const int n_rows = int(std::min<int64_t>(R, i1 - i));
       for (int64_t t = t0; t < t1;) {
         const int nt = int(std::min<int64_t>(3, t1 - t));
