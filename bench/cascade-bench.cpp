@@ -60,6 +60,8 @@ void usage() {
       "                      (default: the widest this CPU has)\n"
       "  --f32-products      bf16 K/V multiplied in f32; --bf16-products: on bf16 dot products (default: the\n"
       "                      library's choice, bf16 dot products where this CPU runs them faster than f32 FMAs)\n"
+      "  --no-amx            bf16 products on vdpbf16ps, not on AMX tiles (default: tiles where the CPU and OS\n"
+      "                      allow them)\n"
       "  --reps N            timed repetitions of each method, interleaved (default 5; up to 5x as many\n"
       "                      when the fastest method takes under 1 ms), --warmup N (default 1)\n"
       "  --no-flush          keep caches warm between repetitions\n"
@@ -86,6 +88,10 @@ Args parse_args(int argc, char** argv) {
     }
     if (f == "--f32-products" || f == "--bf16-products") {
       a.bf16_products = f == "--bf16-products";
+      return true;
+    }
+    if (f == "--no-amx") {
+      a.amx = false;
       return true;
     }
     return false;
@@ -178,13 +184,15 @@ int main(int argc, char** argv) {
   std::unique_ptr<bench::CacheFlusher> flusher;
   if (a.flush) flusher = std::make_unique<bench::CacheFlusher>();
   struct Limits {
-    double bw = 0, bf16 = 0;              // bytes/s; bf16 dot-product FLOP/s (0: none)
+    double bw = 0, bf16 = 0, amx = 0;     // bytes/s; bf16 dot-product and AMX tile FLOP/s (0: none)
     std::map<cascade::Isa, double> fma;  // f32 FMA FLOP/s with each tier's vectors
   };
   std::map<int, Limits> limits;                                       // threads -> the machine's limits
   std::map<std::pair<int, cascade::Isa>, cascade::CostModel> models;  // (threads, tier) -> auto's cost model
   std::optional<cascade::cpu::Bf16Products> products;
   if (a.bf16_products >= 0) products.emplace(a.bf16_products == 1);
+  std::optional<cascade::cpu::AmxTiles> tiles;
+  if (!a.amx) tiles.emplace(false);
   try {
     for (int thr_req : a.threads) {
       const int thr = thr_req > 0 ? std::min(thr_req, tbb::info::default_concurrency())
@@ -193,6 +201,7 @@ int main(int argc, char** argv) {
         Limits& l = limits[thr];
         l.bw = bench::measure_read_bandwidth(thr);
         l.bf16 = bench::measure_bf16_peak(thr);
+        l.amx = bench::measure_amx_peak(thr);
         std::string fmas;
         for (cascade::Isa isa : a.isas) {
           l.fma[isa] = bench::measure_fma_peak(thr, isa);
@@ -200,8 +209,9 @@ int main(int argc, char** argv) {
         }
         std::fprintf(stderr,
                      "machine, %d threads: read bandwidth %.1f GB/s, f32 FMA peak (%s) GFLOP/s, bf16 dot-product peak "
-                     "%.1f GFLOP/s; Eigen's f32 matrix multiply %.1f GFLOP/s\n",
-                     thr, l.bw / 1e9, fmas.c_str(), l.bf16 / 1e9, bench::measure_gemm_rate(thr, 256, 256, 256) / 1e9);
+                     "%.1f GFLOP/s, AMX bf16 tile peak %.1f GFLOP/s; Eigen's f32 matrix multiply %.1f GFLOP/s\n",
+                     thr, l.bw / 1e9, fmas.c_str(), l.bf16 / 1e9, l.amx / 1e9,
+                     bench::measure_gemm_rate(thr, 256, 256, 256) / 1e9);
       }
       const Limits& lim = limits[thr];
       for (DType dt : a.dtypes)
@@ -245,10 +255,15 @@ int main(int argc, char** argv) {
                   const cascade::IsaLimit isa_limit(isa);
                   Row r = base;
                   r.method = m;
-                  // bf16 products where the tiled kernel takes them (kernel.hpp): the bf16 rate is the limit.
-                  const bool bf16_rate = dt == DType::bf16 && cascade::cpu::uses_bf16_products(isa) && lim.bf16 > 0;
-                  const double peak = bf16_rate ? lim.bf16 : lim.fma.at(isa);
-                  r.path = std::string(cascade::isa_name(isa)) + (bf16_rate ? "+bf16" : "");
+                  // bf16 products where the tiled kernel takes them (kernel.hpp): their rate is the limit, the
+                  // AMX tiles' where it runs on those (every FLOP priced at it, the per-sequence pass's too).
+                  const cascade::cpu::Bf16Kernel bk =
+                      dt == DType::bf16 ? cascade::cpu::bf16_kernel(isa) : cascade::cpu::Bf16Kernel::f32;
+                  const double bk_rate = bk == cascade::cpu::Bf16Kernel::tiles ? lim.amx
+                                         : bk == cascade::cpu::Bf16Kernel::dot ? lim.bf16
+                                                                               : 0.0;
+                  const double peak = bk_rate > 0 ? bk_rate : lim.fma.at(isa);
+                  r.path = std::string(cascade::isa_name(isa)) + cascade::cpu::bf16_kernel_suffix(bk);
                   r.flop_ms = 1e3 * base.min_flops / peak;
                   r.limit_ms = std::max(r.bw_ms, r.flop_ms);
                   r.peak_gflops = peak / 1e9;

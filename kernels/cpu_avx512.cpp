@@ -5,9 +5,9 @@
 namespace cascade::cpu::avx512 {
 
 template void attend<LimitMask>(bool, const float*, int64_t, int, const KvView&, int, int64_t, int64_t,
-                                const LimitMask&, float, bool, float*, float*, Scratch&);
+                                const LimitMask&, float, Bf16Kernel, float*, float*, Scratch&);
 template void attend<UnifiedMask>(bool, const float*, int64_t, int, const KvView&, int, int64_t, int64_t,
-                                  const UnifiedMask&, float, bool, float*, float*, Scratch&);
+                                  const UnifiedMask&, float, Bf16Kernel, float*, float*, Scratch&);
 
 }  // namespace cascade::cpu::avx512
 #endif

@@ -228,6 +228,42 @@ TEST_CASE("shared passes of 16k + 1 to 16k + 8 stacked rows: the tiled kernel's 
   }
 }
 
+TEST_CASE("bf16 shared passes: row blocks in pairs and alone, tiles cut by pages, masked own rows (AMX tiles)") {
+  // The AMX kernel (cpu/kernel_amx.hpp) takes 16-row blocks two at a time, the last alone when their number is
+  // odd, and 32 keys a step from tiles of up to 128 that pages may cut short; head dims multiples of 32 only
+  // (others: vdpbf16ps). Every path runs (kernel_paths), AMX tiles where this process may use them.
+  MESSAGE("AMX tiles " << (amx_usable() ? "run here" : "are not available here: the other paths run"));
+  const uint64_t seed = test::fresh_seed();
+  INFO("CASCADE_TEST_SEED=" << seed);
+  Rng rng(seed);
+  struct Case {
+    HeadShape shape;
+    int n_seq, n_query;
+  };
+  for (const Case& k : std::vector<Case>{{{9, 3, 64}, 8, 1},     // 24 rows per KV head: one pair, ragged
+                                         {{8, 2, 128}, 8, 1},    // 32: one pair
+                                         {{4, 1, 32}, 12, 1},    // 48: a pair and one alone
+                                         {{32, 8, 128}, 4, 2},   // 32 rows, two causal tokens each
+                                         {{4, 2, 96}, 36, 1},    // 72: two pairs and one alone, ragged
+                                         {{2, 1, 256}, 5, 3},    // 30
+                                         {{8, 2, 80}, 8, 1}}) {  // 32 rows, a head dim that takes vdpbf16ps
+    Config c;
+    c.shape = k.shape;
+    c.dtype = DType::bf16;
+    c.paged = rng.coin();
+    c.tree.parent.push_back(-1);
+    c.seg_len.push_back(rng.uniform_int(1, 600));
+    for (int s = 0; s < k.n_seq; ++s) {
+      c.tree.parent.push_back(0);
+      c.tree.paths.push_back({0, s + 1});
+      c.seg_len.push_back(rng.uniform_int(0, 60) + k.n_query);
+      c.n_query.push_back(k.n_query);
+    }
+    c.n_threads = int(rng.uniform_int(0, 2));
+    check(rng, c);
+  }
+}
+
 TEST_CASE("edges: empty prefix, empty suffix, empty segments anywhere, batch 1, one key") {
   const uint64_t seed = test::fresh_seed();
   INFO("CASCADE_TEST_SEED=" << seed);
@@ -473,7 +509,8 @@ TEST_CASE("bf16 products: measured choice by default, a scope's setting restored
     const double r = cpu::avx512_bf16::bf16_over_fma_rate();
     MESSAGE("bf16 dot products / f32 FMAs, multiply-adds per second on this CPU: " << r);
     CHECK((r > 0.05 && r < 20));  // a rate, not a failed timing
-    if (r < 1.0 || r > 1.45) CHECK(measured == (r > 1.2));  // near 1.2, two timings may fall either side
+    if (amx_usable()) CHECK(measured);  // AMX tiles out-run f32 FMAs whatever vdpbf16ps does
+    else if (r < 1.0 || r > 1.45) CHECK(measured == (r > 1.2));  // near 1.2, two timings may fall either side
   } else {
     CHECK_FALSE(measured);
   }
@@ -489,6 +526,27 @@ TEST_CASE("bf16 products: measured choice by default, a scope's setting restored
   }
   CHECK(cpu::bf16_products() == measured);
   CHECK(cpu::detail::bf16_products_flag().load() == -1);  // back to the measured choice, not a fixed setting
+}
+
+TEST_CASE("amx tiles: on by default where the process may run them, a scope's setting restored after it") {
+  MESSAGE("AMX tiles usable here: " << (amx_usable() ? "yes" : "no"));
+  CHECK(cpu::amx_tiles() == amx_usable());
+  if (amx_usable()) CHECK(amx_usable() == (cpu_features().amx_tile && cpu_features().amx_bf16));
+  {
+    const cpu::AmxTiles off(false);
+    CHECK_FALSE(cpu::amx_tiles());
+    CHECK(cpu::bf16_kernel(Isa::avx512) != cpu::Bf16Kernel::tiles);
+    {
+      const cpu::AmxTiles on(true);
+      CHECK(cpu::amx_tiles() == amx_usable());  // never on where the OS or CPU says no
+    }
+    CHECK_FALSE(cpu::amx_tiles());
+  }
+  CHECK(cpu::detail::amx_tiles_flag().load() == -1);
+  {
+    const cpu::Bf16Products f32(false);
+    CHECK(cpu::bf16_kernel() == cpu::Bf16Kernel::f32);  // tiles are a kind of bf16 product
+  }
 }
 
 TEST_CASE("merge: commutative, associative, empty state is the identity, two empties stay empty") {

@@ -36,6 +36,10 @@
 #include <immintrin.h>
 #endif
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #else
 #define CASCADE_X86 0
 #endif
@@ -80,6 +84,7 @@ struct CpuFeatures {
   bool avx_vnni = false;                                       // 256-bit vpdpbusd (Alder Lake, Zen 5)
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512_vnni = false, avx512_bf16 = false;               // vpdpbusd, vdpbf16ps on zmm
+  bool amx_tile = false, amx_bf16 = false;                     // AMX tiles, tdpbf16ps (Sapphire Rapids)
   // The tiers the kernels are written for.
   bool has_avx2_tier() const { return avx2 && fma && f16c; }
   bool has_avx512_tier() const { return has_avx2_tier() && avx512f && avx512bw && avx512vl && avx512dq; }
@@ -103,6 +108,7 @@ inline CpuFeatures read_cpu_features() {
   const uint64_t xcr0 = (uint64_t(hi) << 32) | lo;            // the register state the OS saves
   const bool ymm_saved = (xcr0 & 0x6) == 0x6;                 // SSE and AVX
   const bool zmm_saved = ymm_saved && (xcr0 & 0xe0) == 0xe0;  // opmask, upper ZMM0-15, ZMM16-31
+  const bool tiles_saved = (xcr0 & 0x60000) == 0x60000;       // XTILECFG, XTILEDATA
   if (!ymm_saved) return CpuFeatures{};
   if (max_leaf >= 7) {
     __cpuid_count(7, 0, a, b, c, d);
@@ -113,6 +119,10 @@ inline CpuFeatures read_cpu_features() {
       f.avx512bw = b & (1u << 30);
       f.avx512vl = b & (1u << 31);
       f.avx512_vnni = c & (1u << 11);
+    }
+    if (tiles_saved) {
+      f.amx_bf16 = d & (1u << 22);
+      f.amx_tile = d & (1u << 24);
     }
     __cpuid_count(7, 1, a, b, c, d);
     f.avx_vnni = a & (1u << 4);
@@ -128,6 +138,23 @@ inline CpuFeatures read_cpu_features() {
 inline const CpuFeatures& cpu_features() {
   static const CpuFeatures features = detail::read_cpu_features();
   return features;
+}
+
+// Whether this process may run AMX bf16 tiles: the CPU has them, and the OS grants the process their state
+// (Linux asks a process to request it once: arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA; other systems are not
+// asked and run without tiles). Asked once, on the first call.
+inline bool amx_usable() {
+  static const bool usable = [] {
+    const CpuFeatures& f = cpu_features();
+    if (!f.amx_tile || !f.amx_bf16 || !f.avx512_bf16) return false;
+#if CASCADE_X86 && defined(__linux__) && defined(__x86_64__) && defined(SYS_arch_prctl)
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureTileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureTileData) == 0;
+#else
+    return false;
+#endif
+  }();
+  return usable;
 }
 
 // Kernel tiers, each a superset of the one before: plain C++ (any CPU), AVX2 + FMA + F16C, AVX-512
@@ -210,7 +237,8 @@ inline std::string cpu_feature_names() {
   const std::pair<const char*, bool> all[] = {
       {"avx2", f.avx2},         {"fma", f.fma},           {"f16c", f.f16c},         {"avx_vnni", f.avx_vnni},
       {"avx512f", f.avx512f},   {"avx512bw", f.avx512bw}, {"avx512vl", f.avx512vl}, {"avx512dq", f.avx512dq},
-      {"avx512_vnni", f.avx512_vnni}, {"avx512_bf16", f.avx512_bf16}};
+      {"avx512_vnni", f.avx512_vnni}, {"avx512_bf16", f.avx512_bf16}, {"amx_tile", f.amx_tile},
+      {"amx_bf16", f.amx_bf16}};
   std::string names;
   for (const auto& [name, has] : all) {
     if (!has) continue;

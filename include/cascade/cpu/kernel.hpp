@@ -36,14 +36,20 @@ inline std::atomic<int>& bf16_products_flag() {
 // Whether this CPU's bf16 dot products out-run its f32 FMAs by a margin (20%), measured once per process
 // (~0.2 ms): far apart where they differ at all (2x and 0.5x on the CPUs measured), so the choice does not
 // move between runs on one machine.
+// Where AMX tiles may run, bf16 products are faster (16x the f32 FMA rate per core on Sapphire Rapids).
 inline bool bf16_products_faster() {
 #if CASCADE_X86
   static const bool faster = detected_isa() == Isa::avx512 && cpu_features().avx512_bf16 &&
-                             avx512_bf16::bf16_over_fma_rate() > 1.2;
+                             (amx_usable() || avx512_bf16::bf16_over_fma_rate() > 1.2);
   return faster;
 #else
   return false;
 #endif
+}
+// -1: not set (on where amx_usable()); 0 or 1: set.
+inline std::atomic<int>& amx_tiles_flag() {
+  static std::atomic<int> on{-1};
+  return on;
 }
 }  // namespace detail
 
@@ -75,6 +81,39 @@ inline bool uses_bf16_products(Isa isa = active_isa()) {
   return bf16_products() && isa == Isa::avx512 && cpu_features().avx512_bf16;
 }
 
+// bf16 products on AMX tiles (kernel_amx.hpp) rather than vdpbf16ps, where the process may run them
+// (amx_usable()): on by default there. Process-wide; AmxTiles sets it for one scope (the tests run both).
+inline void set_amx_tiles(bool on) { detail::amx_tiles_flag().store(on ? 1 : 0, std::memory_order_relaxed); }
+inline bool amx_tiles() {
+  const int v = detail::amx_tiles_flag().load(std::memory_order_relaxed);
+  return v != 0 && amx_usable();
+}
+class AmxTiles {
+ public:
+  explicit AmxTiles(bool on) : saved_(detail::amx_tiles_flag().load(std::memory_order_relaxed)) { set_amx_tiles(on); }
+  ~AmxTiles() { detail::amx_tiles_flag().store(saved_, std::memory_order_relaxed); }
+  AmxTiles(const AmxTiles&) = delete;
+  AmxTiles& operator=(const AmxTiles&) = delete;
+
+ private:
+  int saved_;
+};
+
+// How bf16 K/V multiply on the tiled kernel under tier `isa` (AMX tiles take head dims that are a multiple of
+// 32; others fall back to vdpbf16ps).
+inline Bf16Kernel bf16_kernel(Isa isa = active_isa()) {
+  if (!uses_bf16_products(isa)) return Bf16Kernel::f32;
+#if defined(CASCADE_AMX_KERNEL)
+  if (amx_tiles()) return Bf16Kernel::tiles;
+#endif
+  return Bf16Kernel::dot;
+}
+
+// The name of the bf16 kernel (for reports): "" (f32), "+bf16" (vdpbf16ps) or "+amx".
+inline const char* bf16_kernel_suffix(Bf16Kernel k) {
+  return k == Bf16Kernel::tiles ? "+amx" : k == Bf16Kernel::dot ? "+bf16" : "";
+}
+
 // Whether a pass with rows_per_head stacked rows per KV head runs on the few-rows kernel (one item carries
 // every KV head) under tier `isa`: it needs a head dim that is a multiple of a vector width (the AVX-512 one
 // takes multiples of 16; an AVX-512 CPU runs the AVX2 one for head dims like 72 or 200). The portable tier
@@ -102,8 +141,7 @@ void attend_range_dispatch(bool few, const float* q, int64_t n_rows, int n_heads
   const Isa isa = active_isa();
   switch (kernel_tier(few, kv.head_dim, isa)) {
     case Isa::avx512:
-      return avx512::attend(few, q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, uses_bf16_products(isa), o, lse,
-                            sc);
+      return avx512::attend(few, q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, bf16_kernel(isa), o, lse, sc);
     case Isa::avx2: return avx2::attend(few, q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
     case Isa::portable: break;
   }
@@ -128,7 +166,7 @@ void attend_range_dispatch(bool few, const float* q, int64_t n_rows, int n_heads
 #if CASCADE_X86
 #define CASCADE_CPU_KERNEL_EXTERN_X86(M)                                                                           \
   extern template void avx512::attend<M>(bool, const float*, int64_t, int, const KvView&, int, int64_t, int64_t,   \
-                                         const M&, float, bool, float*, float*, Scratch&);                         \
+                                         const M&, float, Bf16Kernel, float*, float*, Scratch&);                   \
   extern template void avx2::attend<M>(bool, const float*, int64_t, int, const KvView&, int, int64_t, int64_t,     \
                                        const M&, float, float*, float*, Scratch&);
 #else

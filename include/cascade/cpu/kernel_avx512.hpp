@@ -363,6 +363,8 @@ inline double bf16_over_fma_rate() {
 }  // namespace cascade::cpu::avx512_bf16
 CASCADE_TARGET_END
 
+#include "cascade/cpu/kernel_amx.hpp"  // the shared pass on AMX tiles, after the vdpbf16ps kernel it builds on
+
 // ---- entry point ---------------------------------------------------------------------------------------------
 CASCADE_TARGET_AVX512_BEGIN
 namespace cascade::cpu::avx512 {
@@ -370,20 +372,25 @@ namespace cascade::cpu::avx512 {
 // Row blocks of the tiled kernel: RV registers of 16 rows against NK keys (S in registers: RV * NK of 32).
 inline constexpr int kTileRV = 1, kTileNK = 16;
 
-// One head with the tiled kernel: on bf16 dot products when bf16_dot (bf16 K/V only), else on f32 multiply-adds
-// with a narrow last block.
+// One head with the tiled kernel: bf16 K/V as `bk` says (AMX tiles for head dims that are a multiple of 32, else
+// bf16 dot products, or f32), every other type on f32 multiply-adds with a narrow last block.
 template <class T, int D, class Mask>
-void tile_head(bool bf16_dot, const float* q, int64_t n_rows, const KvView& kv, int kvh, int64_t t0, int64_t t1,
+void tile_head(Bf16Kernel bk, const float* q, int64_t n_rows, const KvView& kv, int kvh, int64_t t0, int64_t t1,
                const Mask& mask, float scale, float* o, float* lse, Scratch& sc) {
-  if constexpr (std::is_same_v<T, bf16>)
-    if (bf16_dot)
+  if constexpr (std::is_same_v<T, bf16>) {
+#if defined(CASCADE_AMX_KERNEL)
+    if (bk == Bf16Kernel::tiles && kv.head_dim % 32 == 0)
+      return amx::tile_attend<D, Mask>(q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+#endif
+    if (bk != Bf16Kernel::f32)
       return avx512_bf16::tile_attend<D, kTileRV, kTileNK, Mask>(q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+  }
   tile_attend<T, D, kTileRV, kTileNK, Mask, NarrowTail>(q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse, sc);
 }
 
 template <class T, class Mask>
 void attend_typed(bool few, const float* q, int64_t n_rows, int n_heads, const KvView& kv, int kvh, int64_t t0,
-                  int64_t t1, const Mask& mask, float scale, bool bf16_products, float* o, float* lse, Scratch& sc) {
+                  int64_t t1, const Mask& mask, float scale, Bf16Kernel bk, float* o, float* lse, Scratch& sc) {
   const int64_t d = kv.head_dim;
   if (few) {
     switch (d) {
@@ -392,15 +399,15 @@ void attend_typed(bool few, const float* q, int64_t n_rows, int n_heads, const K
       default: return few_attend<T, 0, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
     }
   }
-  const bool bf16_dot = bf16_products && cpu_features().avx512_bf16 && d % 2 == 0;
+  if (!cpu_features().avx512_bf16 || d % 2 != 0) bk = Bf16Kernel::f32;
   for (int h = 0; h < n_heads; ++h) {
     const float* qh = q + h * n_rows * d;
     float* oh = o + h * n_rows * d;
     float* lh = lse + h * n_rows;
     switch (d) {
-      case 64: tile_head<T, 64>(bf16_dot, qh, n_rows, kv, kvh + h, t0, t1, mask, scale, oh, lh, sc); break;
-      case 128: tile_head<T, 128>(bf16_dot, qh, n_rows, kv, kvh + h, t0, t1, mask, scale, oh, lh, sc); break;
-      default: tile_head<T, 0>(bf16_dot, qh, n_rows, kv, kvh + h, t0, t1, mask, scale, oh, lh, sc); break;
+      case 64: tile_head<T, 64>(bk, qh, n_rows, kv, kvh + h, t0, t1, mask, scale, oh, lh, sc); break;
+      case 128: tile_head<T, 128>(bk, qh, n_rows, kv, kvh + h, t0, t1, mask, scale, oh, lh, sc); break;
+      default: tile_head<T, 0>(bk, qh, n_rows, kv, kvh + h, t0, t1, mask, scale, oh, lh, sc); break;
     }
   }
 }
@@ -409,8 +416,8 @@ void attend_typed(bool few, const float* q, int64_t n_rows, int n_heads, const K
 // (n_heads, n_rows)) with the few-rows kernel (head_dim a multiple of 16) or head by head with the tiled one.
 template <class Mask>
 void attend(bool few, const float* q, int64_t n_rows, int n_heads, const KvView& kv, int kvh, int64_t t0, int64_t t1,
-            const Mask& mask, float scale, bool bf16_products, float* o, float* lse, Scratch& sc) {
-  const bool b = bf16_products;
+            const Mask& mask, float scale, Bf16Kernel bk, float* o, float* lse, Scratch& sc) {
+  const Bf16Kernel b = bk;
   switch (kv.dtype) {
     case DType::f32: return attend_typed<float>(few, q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, b, o, lse, sc);
     case DType::f16: return attend_typed<f16>(few, q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, b, o, lse, sc);

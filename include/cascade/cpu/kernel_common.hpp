@@ -23,6 +23,10 @@ inline constexpr int64_t kMaxRows = 128;
 // Most stacked rows per KV head the few-rows kernel takes (kernel.hpp).
 inline constexpr int64_t kFewRows = 8;
 
+// How the AVX-512 tiled kernel multiplies bf16 K/V (kernel.hpp picks it): in f32, on vdpbf16ps, or on AMX
+// tiles (kernel_amx.hpp). The last two round q and the softmax weights to bf16 alike.
+enum class Bf16Kernel : uint8_t { f32 = 0, dot = 1, tiles = 2 };
+
 // The kernels' revision: raised whenever a change moves what a kernel costs, so that auto's profiles
 // calibrated on older kernels (profile_cache.hpp keeps them per machine) are measured again, not reused.
 // 2: the per-sequence pass prefetches its K/V rows (about twice as fast from memory at head dim 64).
@@ -31,7 +35,8 @@ inline constexpr int64_t kFewRows = 8;
 //    with 8 KV heads).
 // 5: the softmax's exp2 never makes a subnormal (on Intel cores each took a microcode assist: the masked tiled
 //    kernel ran 2-3x faster after).
-inline constexpr int kKernelRevision = 5;
+// 6: the shared pass on AMX tiles for bf16 K/V where the CPU has them.
+inline constexpr int kKernelRevision = 6;
 
 // Per-thread scratch of the kernels: numbered buffers of floats, 64-byte aligned, grown on demand and kept.
 class Scratch {

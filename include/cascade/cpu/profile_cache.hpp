@@ -156,7 +156,7 @@ inline ProfileKey ProfileKey::here(int n_threads, const HeadShape& shape, DType 
   k.cpu_features = cpu_feature_names();
   if (k.cpu_features.empty()) k.cpu_features = "none";
   k.isa = isa_name(active_isa());
-  if (kv_dtype == DType::bf16 && uses_bf16_products()) k.isa += "+bf16";  // another rate than f32 products
+  if (kv_dtype == DType::bf16) k.isa += bf16_kernel_suffix(bf16_kernel());  // another rate than f32 products
   k.build = build_description();
   k.n_threads = effective_threads(n_threads);
   k.n_kv_heads = shape.n_kv_heads;

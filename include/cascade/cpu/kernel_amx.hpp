@@ -1,0 +1,306 @@
+// The shared-pass kernel for bf16 K/V on AMX tiles (AMX-TILE and AMX-BF16: Sapphire Rapids and later Xeons).
+//
+// A tdpbf16ps multiplies a 16 x 32 bf16 tile by a 32 x 16 one into a 16 x 16 f32 tile: 8,192 multiply-adds per
+// instruction, about 16x the rate of AVX-512 f32 FMAs on one core. The kernel computes the transposed products
+// so that, as in the AVX-512 kernels, a vector register holds one key's scores for 16 query rows and the online
+// softmax runs lane-wise between them:
+//   S^T (32 keys x 16 rows)  = K (keys x head dim, as stored)   * Q^T (head-dim pairs x rows, packed once)
+//   O^T (head dim x 16 rows) += V^T (head dim x keys, per tile) * P^T (key pairs x rows, from the softmax)
+// S^T goes to a 2 KB buffer in L1 and back; the softmax (f32, AVX-512) writes P^T as bf16 key pairs, which is
+// the layout the second product takes. Each K/V tile is copied (K rows) and transposed (V) once and read by
+// every row block. The rounding is that of the vdpbf16ps kernel (kernel_avx512.hpp: q and the softmax weights
+// rounded to bf16, sums in f32), so the two share one error bound: |o - o_exact| <= 2^-8 sum_j w_j |v_j|.
+//
+// Tiles are per-thread state: each call loads the tile configuration and releases the tiles when it returns.
+// The OS must grant a process the tile data (Linux: arch_prctl ARCH_REQ_XCOMP_PERM); amx_usable() (simd.hpp)
+// asks once, and the dispatcher calls this kernel only where it was granted.
+//
+// Part of kernel_avx512.hpp, which includes it after the vdpbf16ps kernel whose panels and softmax it reuses.
+#pragma once
+
+#if CASCADE_X86 && defined(__x86_64__)
+#define CASCADE_AMX_KERNEL 1
+
+// The tile instructions, written here rather than taken from the compiler's intrinsics: those need the AMX
+// target options, and their tile loads do not tell the compiler that they read memory, so it may move a store
+// of the data they load (P^T, O^T) past them. Every load and store here is ordered with the code around it.
+#define CASCADE_TILE_LOAD(t, base, stride)                                                          \
+  __asm__ volatile("{tileloadd\t(%0,%1,1), %%tmm" #t "|tileloadd\t%%tmm" #t ", [%0+%1*1]}" ::"r"( \
+                       static_cast<const void*>(base)),                                              \
+                   "r"(static_cast<long>(stride))                                                    \
+                   : "memory")
+#define CASCADE_TILE_STORE(t, base, stride)                                                           \
+  __asm__ volatile("{tilestored\t%%tmm" #t ", (%0,%1,1)|tilestored\t[%0+%1*1], %%tmm" #t "}" ::"r"( \
+                       static_cast<void*>(base)),                                                      \
+                   "r"(static_cast<long>(stride))                                                      \
+                   : "memory")
+#define CASCADE_TILE_ZERO(t) __asm__ volatile("tilezero\t%%tmm" #t ::)
+// c += a b (AT&T operand order: b, a, c)
+#define CASCADE_TILE_DPBF16(c, a, b) \
+  __asm__ volatile("{tdpbf16ps\t%%tmm" #b ", %%tmm" #a ", %%tmm" #c "|tdpbf16ps\t%%tmm" #c ", %%tmm" #a ", %%tmm" #b "}" ::)
+
+CASCADE_TARGET_AVX512_BF16_BEGIN
+namespace cascade::cpu::amx {
+
+using V = avx512::V;
+using avx512::exp2_neg;
+using avx512::finish_row;
+using avx512::kLog2e;
+
+// Keys per K/V tile (copied and transposed once, read by every row block), keys per step of a row block.
+inline constexpr int64_t kTileKeys = 128;
+inline constexpr int kStep = 32;
+
+// The tile configuration: eight tiles of 16 rows x 64 bytes (palette 1).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Loads the configuration for the scope and releases the tiles after it (so the OS need not save them).
+class Tiles {
+ public:
+  Tiles() {
+    TileConfig c;
+    for (int t = 0; t < 8; ++t) {
+      c.colsb[t] = 64;
+      c.rows[t] = 16;
+    }
+    __asm__ volatile("ldtilecfg\t%0" ::"m"(c));
+  }
+  ~Tiles() { __asm__ volatile("tilerelease" ::: "memory"); }
+  Tiles(const Tiles&) = delete;
+  Tiles& operator=(const Tiles&) = delete;
+};
+
+// Transposes a 16 x 16 block of 32-bit words: dst row c (stride dst_stride words) = src column c (src rows
+// src_stride words apart).
+inline void transpose16(const uint32_t* src, int64_t src_stride, uint32_t* dst, int64_t dst_stride) {
+  __m512i r[16], a[16];
+  CASCADE_UNROLL(16)
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * src_stride);
+  CASCADE_UNROLL(8)
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // r[4g + k], 128-bit lane L: column 4L + k of rows 4g..4g+3
+  CASCADE_UNROLL(4)
+  for (int g = 0; g < 4; ++g) {
+    r[4 * g + 0] = _mm512_unpacklo_epi64(a[4 * g], a[4 * g + 2]);
+    r[4 * g + 1] = _mm512_unpackhi_epi64(a[4 * g], a[4 * g + 2]);
+    r[4 * g + 2] = _mm512_unpacklo_epi64(a[4 * g + 1], a[4 * g + 3]);
+    r[4 * g + 3] = _mm512_unpackhi_epi64(a[4 * g + 1], a[4 * g + 3]);
+  }
+  CASCADE_UNROLL(4)
+  for (int k = 0; k < 4; ++k) {
+    const __m512i c0 = _mm512_shuffle_i32x4(r[k], r[4 + k], 0x44), c1 = _mm512_shuffle_i32x4(r[k], r[4 + k], 0xEE);
+    const __m512i c2 = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0x44),
+                  c3 = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0xEE);
+    _mm512_storeu_si512(dst + (0 + k) * dst_stride, _mm512_shuffle_i32x4(c0, c2, 0x88));
+    _mm512_storeu_si512(dst + (4 + k) * dst_stride, _mm512_shuffle_i32x4(c0, c2, 0xDD));
+    _mm512_storeu_si512(dst + (8 + k) * dst_stride, _mm512_shuffle_i32x4(c1, c3, 0x88));
+    _mm512_storeu_si512(dst + (12 + k) * dst_stride, _mm512_shuffle_i32x4(c1, c3, 0xDD));
+  }
+}
+
+// The online softmax of one row block over one step's 32 keys, lane-wise (lanes: rows), as
+// avx512_bf16::tile_block_bf16: s holds S^T (32 x 16 floats, unscaled), p receives P^T as bf16 key pairs
+// (16 x 16 words), and m, l and the block's O^T (d, 16) are brought to the step's max.
+inline void softmax(const float* s, float qs, int nk, const uint32_t* bits, uint32_t* p, float* ot, int64_t d, float* m,
+                    float* l) {
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf), qsv = _mm512_set1_ps(qs);
+  __m512 x[kStep];
+  CASCADE_UNROLL(32)
+  for (int j = 0; j < kStep; ++j) {
+    x[j] = _mm512_mul_ps(_mm512_load_ps(s + j * 16), qsv);
+    if (bits) x[j] = j < nk ? V::select(V::mask_from_bits(bits[j]), x[j], neg_inf) : neg_inf;
+    else if (j >= nk) x[j] = neg_inf;
+  }
+  __m512 mx = x[0];
+  CASCADE_UNROLL(32)
+  for (int j = 1; j < kStep; ++j) mx = _mm512_max_ps(mx, x[j]);
+  const __m512 m_old = _mm512_loadu_ps(m);
+  const __m512 m_new = _mm512_max_ps(m_old, mx);
+  const __m512 m_use = V::select(V::eq(m_new, neg_inf), _mm512_setzero_ps(), m_new);
+  const bool moved = !V::all_eq(m_new, m_old);
+  __m512 sum = _mm512_setzero_ps();
+  const __m512i pair_idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                            6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  CASCADE_UNROLL(16)
+  for (int jp = 0; jp < kStep / 2; ++jp) {
+    const __m512 e0 = exp2_neg(_mm512_sub_ps(x[2 * jp], m_use));
+    const __m512 e1 = exp2_neg(_mm512_sub_ps(x[2 * jp + 1], m_use));
+    sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+    _mm512_store_si512(p + jp * 16, _mm512_permutexvar_epi16(pair_idx, __m512i(_mm512_cvtne2ps_pbh(e1, e0))));
+  }
+  _mm512_storeu_ps(m, m_new);
+  const __m512 l_old = _mm512_loadu_ps(l);
+  if (moved) {
+    const __m512 alpha = exp2_neg(_mm512_sub_ps(m_old, m_use));
+    _mm512_storeu_ps(l, _mm512_fmadd_ps(l_old, alpha, sum));
+    for (int64_t i = 0; i < d; ++i) _mm512_storeu_ps(ot + i * 16, _mm512_mul_ps(_mm512_loadu_ps(ot + i * 16), alpha));
+  } else {
+    _mm512_storeu_ps(l, _mm512_add_ps(l_old, sum));
+  }
+}
+
+// One step of a row block: 32 keys of the tile against 16 rows. qp: the block's Q^T, (d/2, 16) words; kp: the
+// 32 keys' rows (d bf16 each); vt: V^T of the tile, d rows of n_tile bf16, at this step's first key; s, p:
+// scratch (32 x 16 floats, 16 x 16 words); ot: the block's O^T, (d, 16); m, l: its running max and sum.
+template <int D>
+inline void step(const uint32_t* qp, const uint16_t* kp, const uint16_t* vt, int64_t n_tile, int64_t d_rt, float qs,
+                 int nk, const uint32_t* bits, float* s, uint32_t* p, float* ot, float* m, float* l) {
+  const int64_t d = D > 0 ? D : d_rt;
+  // S^T = K Q^T over the head dim, 32 dims at a time.
+  CASCADE_TILE_ZERO(0);
+  CASCADE_TILE_ZERO(1);
+  for (int64_t c = 0; c < d; c += 32) {
+    CASCADE_TILE_LOAD(2, kp + c, d * 2);
+    CASCADE_TILE_LOAD(3, kp + 16 * d + c, d * 2);
+    CASCADE_TILE_LOAD(4, qp + c / 2 * 16, 64);
+    CASCADE_TILE_DPBF16(0, 2, 4);
+    CASCADE_TILE_DPBF16(1, 3, 4);
+  }
+  CASCADE_TILE_STORE(0, s, 64);
+  CASCADE_TILE_STORE(1, s + 256, 64);
+  softmax(s, qs, nk, bits, p, ot, d, m, l);
+  // O^T += V^T P^T, 32 head dims (two accumulator tiles) at a time.
+  CASCADE_TILE_LOAD(7, p, 64);
+  for (int64_t i = 0; i < d; i += 32) {
+    CASCADE_TILE_LOAD(0, ot + i * 16, 64);
+    CASCADE_TILE_LOAD(1, ot + (i + 16) * 16, 64);
+    CASCADE_TILE_LOAD(4, vt + i * n_tile, n_tile * 2);
+    CASCADE_TILE_LOAD(5, vt + (i + 16) * n_tile, n_tile * 2);
+    CASCADE_TILE_DPBF16(0, 4, 7);
+    CASCADE_TILE_DPBF16(1, 5, 7);
+    CASCADE_TILE_STORE(0, ot + i * 16, 64);
+    CASCADE_TILE_STORE(1, ot + (i + 16) * 16, 64);
+  }
+}
+
+// step for two row blocks at once (32 rows): each K and V^T tile loaded serves both, and the two blocks'
+// products are independent, so the tile unit has four accumulations in flight instead of two. q2, o2, m2, l2:
+// the second block's; s and p hold both blocks' (64 x 16 floats, 32 x 16 words).
+template <int D>
+inline void step2(const uint32_t* qp, const uint32_t* q2, const uint16_t* kp, const uint16_t* vt, int64_t n_tile,
+                  int64_t d_rt, float qs, int nk, const uint32_t* bits, const uint32_t* bits2, float* s, uint32_t* p,
+                  float* ot, float* o2, float* m, float* m2, float* l, float* l2) {
+  const int64_t d = D > 0 ? D : d_rt;
+  CASCADE_TILE_ZERO(0);
+  CASCADE_TILE_ZERO(1);
+  CASCADE_TILE_ZERO(2);
+  CASCADE_TILE_ZERO(3);
+  for (int64_t c = 0; c < d; c += 32) {
+    CASCADE_TILE_LOAD(4, kp + c, d * 2);
+    CASCADE_TILE_LOAD(5, kp + 16 * d + c, d * 2);
+    CASCADE_TILE_LOAD(6, qp + c / 2 * 16, 64);
+    CASCADE_TILE_LOAD(7, q2 + c / 2 * 16, 64);
+    CASCADE_TILE_DPBF16(0, 4, 6);
+    CASCADE_TILE_DPBF16(1, 5, 6);
+    CASCADE_TILE_DPBF16(2, 4, 7);
+    CASCADE_TILE_DPBF16(3, 5, 7);
+  }
+  CASCADE_TILE_STORE(0, s, 64);
+  CASCADE_TILE_STORE(1, s + 256, 64);
+  CASCADE_TILE_STORE(2, s + 512, 64);
+  CASCADE_TILE_STORE(3, s + 768, 64);
+  softmax(s, qs, nk, bits, p, ot, d, m, l);
+  softmax(s + 512, qs, nk, bits2, p + 256, o2, d, m2, l2);
+  CASCADE_TILE_LOAD(6, p, 64);
+  CASCADE_TILE_LOAD(7, p + 256, 64);
+  for (int64_t i = 0; i < d; i += 32) {
+    CASCADE_TILE_LOAD(0, ot + i * 16, 64);
+    CASCADE_TILE_LOAD(1, ot + (i + 16) * 16, 64);
+    CASCADE_TILE_LOAD(2, o2 + i * 16, 64);
+    CASCADE_TILE_LOAD(3, o2 + (i + 16) * 16, 64);
+    CASCADE_TILE_LOAD(4, vt + i * n_tile, n_tile * 2);
+    CASCADE_TILE_LOAD(5, vt + (i + 16) * n_tile, n_tile * 2);
+    CASCADE_TILE_DPBF16(0, 4, 6);
+    CASCADE_TILE_DPBF16(1, 5, 6);
+    CASCADE_TILE_DPBF16(2, 4, 7);
+    CASCADE_TILE_DPBF16(3, 5, 7);
+    CASCADE_TILE_STORE(0, ot + i * 16, 64);
+    CASCADE_TILE_STORE(1, ot + (i + 16) * 16, 64);
+    CASCADE_TILE_STORE(2, o2 + i * 16, 64);
+    CASCADE_TILE_STORE(3, o2 + (i + 16) * 16, 64);
+  }
+}
+
+// As avx512_bf16::tile_attend (bf16 K/V, head_dim a multiple of 32), on AMX tiles.
+template <int D, class Mask>
+void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int64_t t0, int64_t t1, const Mask& mask,
+                 float scale, float* o, float* lse, Scratch& sc) {
+  constexpr int64_t RB = 16;
+  const int64_t d = D > 0 ? D : kv.head_dim;
+  const int64_t n_blocks = (n_rows + RB - 1) / RB;
+  uint32_t* qp = reinterpret_cast<uint32_t*>(sc.get(0, n_blocks * RB * d / 2));
+  float* ot = sc.get(1, n_blocks * RB * d);
+  float* m = sc.get(2, n_blocks * RB);
+  float* l = sc.get(3, n_blocks * RB);
+  uint16_t* kp = reinterpret_cast<uint16_t*>(sc.get(4, kTileKeys * d / 2));
+  uint32_t* vp = reinterpret_cast<uint32_t*>(sc.get(5, kTileKeys * d / 2));
+  uint32_t* bits = reinterpret_cast<uint32_t*>(sc.get(6, 2 * kTileKeys));
+  // slot 7: S^T and P^T of a step (two blocks'), then V^T of the tile (d rows of kTileKeys bf16)
+  float* s = sc.get(7, 64 * 16 + 32 * 16 + kTileKeys * d / 2);
+  uint32_t* p = reinterpret_cast<uint32_t*>(s + 64 * 16);
+  uint16_t* vt = reinterpret_cast<uint16_t*>(s + 64 * 16 + 32 * 16);
+  for (int64_t b = 0; b < n_blocks; ++b)
+    for (int64_t k = 0; k < d; k += 2)
+      for (int64_t x = 0; x < RB; ++x) {
+        const int64_t r = b * RB + x;
+        const uint32_t lo = r < n_rows ? Eigen::numext::bit_cast<uint16_t>(bf16(q[r * d + k])) : 0;
+        const uint32_t hi = r < n_rows ? Eigen::numext::bit_cast<uint16_t>(bf16(q[r * d + k + 1])) : 0;
+        qp[(b * d / 2 + k / 2) * RB + x] = lo | hi << 16;
+      }
+  std::fill(ot, ot + n_blocks * RB * d, 0.0f);
+  std::fill(m, m + n_blocks * RB, kNegInf);
+  std::fill(l, l + n_blocks * RB, 0.0f);
+  const float qs = scale * kLog2e;
+  const Tiles tiles;
+  for (int64_t a = t0; a < t1;) {
+    const int64_t n = std::min({kTileKeys, t1 - a, kv.run_length(a)});
+    const int64_t n_pad = (n + kStep - 1) / kStep * kStep;
+    avx512_bf16::bf16_panels(kv, kvh, a, n, n_pad, d, kp, vp);
+    // V^T: vt row i, words jp = vp (jp, i); the 16 x 16 word blocks of vp transposed
+    for (int64_t jp = 0; jp < n_pad / 2; jp += 16)
+      for (int64_t i = 0; i < d; i += 16)
+        transpose16(vp + jp * d + i, d, reinterpret_cast<uint32_t*>(vt) + i * (kTileKeys / 2) + jp, kTileKeys / 2);
+    avx512::prefetch_tile(kv, kvh, a + n, std::min(t1, a + n + kTileKeys));
+    // row blocks two at a time (step2), the last one alone when their number is odd
+    for (int64_t b = 0; b < n_blocks;) {
+      const int64_t nb = std::min<int64_t>(2, n_blocks - b);
+      const uint32_t* bb[2] = {nullptr, nullptr};
+      for (int64_t x = 0; x < nb; ++x) {
+        const int64_t r0 = (b + x) * RB, rows = std::min(RB, n_rows - r0);
+        if (mask.all_visible(r0, rows, a, n)) continue;
+        mask.lane_bits(r0, int(rows), a, n, bits + x * kTileKeys);
+        bb[x] = bits + x * kTileKeys;
+      }
+      const int64_t r0 = b * RB, r1 = r0 + RB;
+      for (int64_t c = 0; c < n; c += kStep) {
+        const int nk = int(std::min<int64_t>(kStep, n - c));
+        if (nb == 2)
+          step2<D>(qp + b * RB * d / 2, qp + (b + 1) * RB * d / 2, kp + c * d, vt + c, kTileKeys, d, qs, nk,
+                   bb[0] ? bb[0] + c : nullptr, bb[1] ? bb[1] + c : nullptr, s, p, ot + r0 * d, ot + r1 * d, m + r0,
+                   m + r1, l + r0, l + r1);
+        else
+          step<D>(qp + b * RB * d / 2, kp + c * d, vt + c, kTileKeys, d, qs, nk, bb[0] ? bb[0] + c : nullptr, s, p,
+                  ot + r0 * d, m + r0, l + r0);
+      }
+      b += nb;
+    }
+    a += n;
+  }
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const int64_t b = r / RB, x = r % RB;
+    finish_row(ot + b * RB * d + x, RB, m[r], l[r], d, o + r * d, lse + r);
+  }
+}
+
+}  // namespace cascade::cpu::amx
+CASCADE_TARGET_END
+
+#endif  // CASCADE_X86 && __x86_64__
