@@ -119,23 +119,29 @@ inline void softmax(const float* s, float qs, int nk, const uint32_t* bits, uint
     if (bits) x[j] = j < nk ? V::select(V::mask_from_bits(bits[j]), x[j], neg_inf) : neg_inf;
     else if (j >= nk) x[j] = neg_inf;
   }
-  __m512 mx = x[0];
-  CASCADE_UNROLL(32)
-  for (int j = 1; j < kStep; ++j) mx = _mm512_max_ps(mx, x[j]);
+  // The max as a tree (a chain of 31 would wait ~120 cycles on the latency of each max in turn).
+  __m512 mt[kStep / 2];
+  CASCADE_UNROLL(16)
+  for (int j = 0; j < kStep / 2; ++j) mt[j] = _mm512_max_ps(x[2 * j], x[2 * j + 1]);
+  for (int w = kStep / 4; w >= 1; w /= 2)
+    CASCADE_UNROLL(8)
+    for (int j = 0; j < w; ++j) mt[j] = _mm512_max_ps(mt[j], mt[j + w]);
+  const __m512 mx = mt[0];
   const __m512 m_old = _mm512_loadu_ps(m);
   const __m512 m_new = _mm512_max_ps(m_old, mx);
   const __m512 m_use = V::select(V::eq(m_new, neg_inf), _mm512_setzero_ps(), m_new);
   const bool moved = !V::all_eq(m_new, m_old);
-  __m512 sum = _mm512_setzero_ps();
+  __m512 sums[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   const __m512i pair_idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
                                             6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   CASCADE_UNROLL(16)
   for (int jp = 0; jp < kStep / 2; ++jp) {
     const __m512 e0 = exp2_neg(_mm512_sub_ps(x[2 * jp], m_use));
     const __m512 e1 = exp2_neg(_mm512_sub_ps(x[2 * jp + 1], m_use));
-    sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+    sums[jp % 4] = _mm512_add_ps(sums[jp % 4], _mm512_add_ps(e0, e1));
     _mm512_store_si512(p + jp * 16, _mm512_permutexvar_epi16(pair_idx, __m512i(_mm512_cvtne2ps_pbh(e1, e0))));
   }
+  const __m512 sum = _mm512_add_ps(_mm512_add_ps(sums[0], sums[1]), _mm512_add_ps(sums[2], sums[3]));
   _mm512_storeu_ps(m, m_new);
   const __m512 l_old = _mm512_loadu_ps(l);
   if (moved) {
@@ -147,45 +153,60 @@ inline void softmax(const float* s, float qs, int nk, const uint32_t* bits, uint
   }
 }
 
-// One step of a row block: 32 keys of the tile against 16 rows. qp: the block's Q^T, (d/2, 16) words; kp: the
-// 32 keys' rows (d bf16 each); vt: V^T of the tile, d rows of n_tile bf16, at this step's first key; s, p:
-// scratch (32 x 16 floats, 16 x 16 words); ot: the block's O^T, (d, 16); m, l: its running max and sum.
+// S^T of one row block and 32 keys (kp: their rows, ks elements apart) into s (32 x 16 floats, unscaled), on
+// tiles 0-4.
 template <int D>
-inline void step(const uint32_t* qp, const uint16_t* kp, const uint16_t* vt, int64_t n_tile, int64_t d_rt, float qs,
-                 int nk, const uint32_t* bits, float* s, uint32_t* p, float* ot, float* m, float* l) {
+inline void scores(const uint32_t* qp, const uint16_t* kp, int64_t ks, int64_t d_rt, float* s) {
   const int64_t d = D > 0 ? D : d_rt;
-  // S^T = K Q^T over the head dim, 32 dims at a time.
   CASCADE_TILE_ZERO(0);
   CASCADE_TILE_ZERO(1);
   for (int64_t c = 0; c < d; c += 32) {
-    CASCADE_TILE_LOAD(2, kp + c, d * 2);
-    CASCADE_TILE_LOAD(3, kp + 16 * d + c, d * 2);
+    CASCADE_TILE_LOAD(2, kp + c, ks * 2);
+    CASCADE_TILE_LOAD(3, kp + 16 * ks + c, ks * 2);
     CASCADE_TILE_LOAD(4, qp + c / 2 * 16, 64);
     CASCADE_TILE_DPBF16(0, 2, 4);
     CASCADE_TILE_DPBF16(1, 3, 4);
   }
   CASCADE_TILE_STORE(0, s, 64);
   CASCADE_TILE_STORE(1, s + 256, 64);
-  softmax(s, qs, nk, bits, p, ot, d, m, l);
-  // O^T += V^T P^T, 32 head dims (two accumulator tiles) at a time.
+}
+
+// O^T += V^T P^T for one row block and 32 keys (vt: V^T at the first, rows n_tile bf16 apart), on tiles 2-7.
+template <int D>
+inline void weighted_values(const uint32_t* p, const uint16_t* vt, int64_t n_tile, int64_t d_rt, float* ot) {
+  const int64_t d = D > 0 ? D : d_rt;
   CASCADE_TILE_LOAD(7, p, 64);
   for (int64_t i = 0; i < d; i += 32) {
-    CASCADE_TILE_LOAD(0, ot + i * 16, 64);
-    CASCADE_TILE_LOAD(1, ot + (i + 16) * 16, 64);
-    CASCADE_TILE_LOAD(4, vt + i * n_tile, n_tile * 2);
-    CASCADE_TILE_LOAD(5, vt + (i + 16) * n_tile, n_tile * 2);
-    CASCADE_TILE_DPBF16(0, 4, 7);
-    CASCADE_TILE_DPBF16(1, 5, 7);
-    CASCADE_TILE_STORE(0, ot + i * 16, 64);
-    CASCADE_TILE_STORE(1, ot + (i + 16) * 16, 64);
+    CASCADE_TILE_LOAD(5, ot + i * 16, 64);
+    CASCADE_TILE_LOAD(6, ot + (i + 16) * 16, 64);
+    CASCADE_TILE_LOAD(2, vt + i * n_tile, n_tile * 2);
+    CASCADE_TILE_LOAD(3, vt + (i + 16) * n_tile, n_tile * 2);
+    CASCADE_TILE_DPBF16(5, 2, 7);
+    CASCADE_TILE_DPBF16(6, 3, 7);
+    CASCADE_TILE_STORE(5, ot + i * 16, 64);
+    CASCADE_TILE_STORE(6, ot + (i + 16) * 16, 64);
   }
 }
 
-// step for two row blocks at once (32 rows): each K and V^T tile loaded serves both, and the two blocks'
-// products are independent, so the tile unit has four accumulations in flight instead of two. q2, o2, m2, l2:
-// the second block's; s and p hold both blocks' (64 x 16 floats, 32 x 16 words).
+// One step of a row block: 32 keys of the tile against 16 rows. qp: the block's Q^T, (d/2, 16) words; kp: the
+// 32 keys' rows (d bf16 each, ks elements apart: in the KV cache itself, or a padded copy); vt: V^T of the tile, d rows of n_tile bf16, at this step's first key; s, p:
+// scratch (32 x 16 floats, 16 x 16 words); ot: the block's O^T, (d, 16); m, l: its running max and sum.
 template <int D>
-inline void step2(const uint32_t* qp, const uint32_t* q2, const uint16_t* kp, const uint16_t* vt, int64_t n_tile,
+inline void step(const uint32_t* qp, const uint16_t* kp, int64_t ks, const uint16_t* vt, int64_t n_tile, int64_t d_rt, float qs,
+                 int nk, const uint32_t* bits, float* s, uint32_t* p, float* ot, float* m, float* l) {
+  const int64_t d = D > 0 ? D : d_rt;
+  scores<D>(qp, kp, ks, d, s);
+  softmax(s, qs, nk, bits, p, ot, d, m, l);
+  weighted_values<D>(p, vt, n_tile, d, ot);
+}
+
+// step for two row blocks at once (32 rows): each K and V^T tile loaded serves both, and the two blocks'
+// products are independent (four accumulations in flight instead of two). It gains only 2-3% over two single
+// steps: timed alone on one core, a step's S^T takes ~210 cycles, its softmax ~440 and O^T += V^T P^T ~380, so
+// the vector work and the tile loads and stores, not the multiplies, bound it. q2, o2, m2, l2: the second
+// block's; s and p hold both blocks' (64 x 16 floats, 32 x 16 words).
+template <int D>
+inline void step2(const uint32_t* qp, const uint32_t* q2, const uint16_t* kp, int64_t ks, const uint16_t* vt, int64_t n_tile,
                   int64_t d_rt, float qs, int nk, const uint32_t* bits, const uint32_t* bits2, float* s, uint32_t* p,
                   float* ot, float* o2, float* m, float* m2, float* l, float* l2) {
   const int64_t d = D > 0 ? D : d_rt;
@@ -194,8 +215,8 @@ inline void step2(const uint32_t* qp, const uint32_t* q2, const uint16_t* kp, co
   CASCADE_TILE_ZERO(2);
   CASCADE_TILE_ZERO(3);
   for (int64_t c = 0; c < d; c += 32) {
-    CASCADE_TILE_LOAD(4, kp + c, d * 2);
-    CASCADE_TILE_LOAD(5, kp + 16 * d + c, d * 2);
+    CASCADE_TILE_LOAD(4, kp + c, ks * 2);
+    CASCADE_TILE_LOAD(5, kp + 16 * ks + c, ks * 2);
     CASCADE_TILE_LOAD(6, qp + c / 2 * 16, 64);
     CASCADE_TILE_LOAD(7, q2 + c / 2 * 16, 64);
     CASCADE_TILE_DPBF16(0, 4, 6);
@@ -229,6 +250,31 @@ inline void step2(const uint32_t* qp, const uint32_t* q2, const uint16_t* kp, co
   }
 }
 
+// V^T of tokens [a, a + n) of bf16 head kvh: vt row i (kTileKeys bf16) = V(a + j, i) for j < n, zero up to n_pad
+// (a multiple of 32). 32 keys x 32 dims at a time: adjacent keys paired into words (dims in two halves), then
+// each 16 x 16 block of words transposed.
+inline void v_transposed(const KvView& kv, int kvh, int64_t a, int64_t n, int64_t n_pad, int64_t d, uint16_t* vt) {
+  const uint16_t* vb = static_cast<const uint16_t*>(kv.v);
+  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+  alignas(64) uint32_t lo[16 * 16], hi[16 * 16];
+  uint32_t* vw = reinterpret_cast<uint32_t*>(vt);
+  for (int64_t j0 = 0; j0 < n_pad; j0 += kStep)
+    for (int64_t i = 0; i < d; i += 32) {
+      CASCADE_UNROLL(16)
+      for (int jp = 0; jp < 16; ++jp) {
+        const int64_t j = j0 + 2 * jp;
+        const __m512i x = j < n ? _mm512_loadu_si512(vb + kv.offset(a + j, kvh) + i) : _mm512_setzero_si512();
+        const __m512i y = j + 1 < n ? _mm512_loadu_si512(vb + kv.offset(a + j + 1, kvh) + i) : _mm512_setzero_si512();
+        _mm512_store_si512(lo + jp * 16, _mm512_permutex2var_epi16(x, lo_idx, y));
+        _mm512_store_si512(hi + jp * 16, _mm512_permutex2var_epi16(x, hi_idx, y));
+      }
+      transpose16(lo, 16, vw + i * (kTileKeys / 2) + j0 / 2, kTileKeys / 2);
+      transpose16(hi, 16, vw + (i + 16) * (kTileKeys / 2) + j0 / 2, kTileKeys / 2);
+    }
+}
+
 // As avx512_bf16::tile_attend (bf16 K/V, head_dim a multiple of 32), on AMX tiles.
 template <int D, class Mask>
 void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int64_t t0, int64_t t1, const Mask& mask,
@@ -240,21 +286,29 @@ void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int6
   float* ot = sc.get(1, n_blocks * RB * d);
   float* m = sc.get(2, n_blocks * RB);
   float* l = sc.get(3, n_blocks * RB);
-  uint16_t* kp = reinterpret_cast<uint16_t*>(sc.get(4, kTileKeys * d / 2));
-  uint32_t* vp = reinterpret_cast<uint32_t*>(sc.get(5, kTileKeys * d / 2));
+  uint16_t* kp = reinterpret_cast<uint16_t*>(sc.get(4, kStep * d / 2));
+  const uint16_t* kb = static_cast<const uint16_t*>(kv.k);
   uint32_t* bits = reinterpret_cast<uint32_t*>(sc.get(6, 2 * kTileKeys));
   // slot 7: S^T and P^T of a step (two blocks'), then V^T of the tile (d rows of kTileKeys bf16)
   float* s = sc.get(7, 64 * 16 + 32 * 16 + kTileKeys * d / 2);
   uint32_t* p = reinterpret_cast<uint32_t*>(s + 64 * 16);
   uint16_t* vt = reinterpret_cast<uint16_t*>(s + 64 * 16 + 32 * 16);
-  for (int64_t b = 0; b < n_blocks; ++b)
-    for (int64_t k = 0; k < d; k += 2)
-      for (int64_t x = 0; x < RB; ++x) {
-        const int64_t r = b * RB + x;
-        const uint32_t lo = r < n_rows ? Eigen::numext::bit_cast<uint16_t>(bf16(q[r * d + k])) : 0;
-        const uint32_t hi = r < n_rows ? Eigen::numext::bit_cast<uint16_t>(bf16(q[r * d + k + 1])) : 0;
-        qp[(b * d / 2 + k / 2) * RB + x] = lo | hi << 16;
+  // Q^T per block: each 16 rows x 32 dims rounded to bf16 (nearest even, as bf16(float)) as 16 x 16 words of
+  // dim pairs, transposed to (dim pair, row). Rows past n_rows are zero.
+  {
+    alignas(64) uint32_t rows[16 * 16];
+    for (int64_t b = 0; b < n_blocks; ++b)
+      for (int64_t k = 0; k < d; k += 32) {
+        for (int64_t x = 0; x < RB; ++x) {
+          const int64_t r = b * RB + x;
+          const __m512i w = r < n_rows ? __m512i(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + r * d + k + 16),
+                                                                     _mm512_loadu_ps(q + r * d + k)))
+                                       : _mm512_setzero_si512();
+          _mm512_store_si512(rows + x * 16, w);
+        }
+        transpose16(rows, 16, qp + (b * d / 2 + k / 2) * RB, RB);
       }
+  }
   std::fill(ot, ot + n_blocks * RB * d, 0.0f);
   std::fill(m, m + n_blocks * RB, kNegInf);
   std::fill(l, l + n_blocks * RB, 0.0f);
@@ -263,11 +317,15 @@ void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int6
   for (int64_t a = t0; a < t1;) {
     const int64_t n = std::min({kTileKeys, t1 - a, kv.run_length(a)});
     const int64_t n_pad = (n + kStep - 1) / kStep * kStep;
-    avx512_bf16::bf16_panels(kv, kvh, a, n, n_pad, d, kp, vp);
-    // V^T: vt row i, words jp = vp (jp, i); the 16 x 16 word blocks of vp transposed
-    for (int64_t jp = 0; jp < n_pad / 2; jp += 16)
-      for (int64_t i = 0; i < d; i += 16)
-        transpose16(vp + jp * d + i, d, reinterpret_cast<uint32_t*>(vt) + i * (kTileKeys / 2) + jp, kTileKeys / 2);
+    // K tiles load from the cache itself (a tile's tokens are one run, stride_token apart); only a last step of
+    // fewer than 32 keys reads a zero-padded copy, since its tile would read rows past the run.
+    const uint16_t* k_run = kb + kv.offset(a, kvh);
+    const int64_t full_steps = n / kStep * kStep;
+    if (full_steps < n) {
+      for (int64_t j = full_steps; j < n; ++j) std::memcpy(kp + (j - full_steps) * d, k_run + j * kv.stride_token, size_t(d) * 2);
+      std::memset(kp + (n - full_steps) * d, 0, size_t((n_pad - n) * d) * 2);
+    }
+    v_transposed(kv, kvh, a, n, n_pad, d, vt);
     avx512::prefetch_tile(kv, kvh, a + n, std::min(t1, a + n + kTileKeys));
     // row blocks two at a time (step2), the last one alone when their number is odd
     for (int64_t b = 0; b < n_blocks;) {
@@ -283,11 +341,13 @@ void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int6
       for (int64_t c = 0; c < n; c += kStep) {
         const int nk = int(std::min<int64_t>(kStep, n - c));
         if (nb == 2)
-          step2<D>(qp + b * RB * d / 2, qp + (b + 1) * RB * d / 2, kp + c * d, vt + c, kTileKeys, d, qs, nk,
+          step2<D>(qp + b * RB * d / 2, qp + (b + 1) * RB * d / 2, c < full_steps ? k_run + c * kv.stride_token : kp,
+                   c < full_steps ? kv.stride_token : d, vt + c, kTileKeys, d, qs, nk,
                    bb[0] ? bb[0] + c : nullptr, bb[1] ? bb[1] + c : nullptr, s, p, ot + r0 * d, ot + r1 * d, m + r0,
                    m + r1, l + r0, l + r1);
         else
-          step<D>(qp + b * RB * d / 2, kp + c * d, vt + c, kTileKeys, d, qs, nk, bb[0] ? bb[0] + c : nullptr, s, p,
+          step<D>(qp + b * RB * d / 2, c < full_steps ? k_run + c * kv.stride_token : kp,
+                  c < full_steps ? kv.stride_token : d, vt + c, kTileKeys, d, qs, nk, bb[0] ? bb[0] + c : nullptr, s, p,
                   ot + r0 * d, m + r0, l + r0);
       }
       b += nb;
