@@ -7,15 +7,16 @@
 // thread; its output is first checked element by element against a double-precision reference
 // (|o - ref| <= atol + rtol |ref|, and lse), then it is timed (best of --reps; --cold reads K/V from memory,
 // flushing the caches before each repetition) and reported beside the machine's measured peaks:
-// GFLOP/s (4 R N H D per item) against the f32 FMA peak (or the bf16 one for bf16 products), and GB/s of
+// GFLOP/s (4 R N H D per item) against the f32 FMA peak (or the bf16 one for bf16 products, the AMX tiles' for
+// those), and GB/s of
 // K/V read against the read bandwidth.
 //
-// Variants (production kernels are 1-7; the rest are register-blocking alternatives of the same templates,
+// Variants (production kernels are 1-7 and 18; the rest are register-blocking alternatives of the same templates,
 // kept to show why production picks what it picks):
 //   1  portable tiled (Eigen products), one head at a time
 //   2  AVX2 tiled: 8 rows x 8 keys in registers
 //   3  AVX-512 tiled, f32 products: 16 rows x 16 keys in registers
-//   4  AVX-512 tiled, bf16 products (bf16 K/V, AVX512_BF16): 16 rows x 16 keys
+//   4  AVX-512 tiled, bf16 products (bf16 K/V, AVX512_BF16) on vdpbf16ps: 16 rows x 16 keys
 //   5  portable few-rows (Eigen, head by head)
 //   6  AVX2 few-rows: all heads of a token range, lanes along the head dim
 //   7  AVX-512 few-rows
@@ -29,6 +30,7 @@
 //  15  AVX-512 few-rows without its software prefetch (try --cold: from memory it is about half as fast)
 //  16  AVX2 few-rows without its software prefetch
 //  17  AVX-512 few-rows, scores head by head over a whole tile (production: every head of 16 keys, then the next)
+//  18  AVX-512 tiled, bf16 products on AMX tiles (bf16 K/V, head dim a multiple of 32; where the OS grants tiles)
 #include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
 
 #include <algorithm>
@@ -71,6 +73,7 @@ struct Variant {
   Run run;
   bool bf16_products = false;  // rounds q and the weights to bf16: checked at that error bound
   bool available = true;
+  bool amx = false;  // on AMX tiles: timed against their peak
 };
 
 template <class F>
@@ -158,10 +161,11 @@ struct Avx2Few {
 #endif
 
 // The production dispatcher under tier `isa`, as a pass with that kernel shape runs it.
-Run production(Isa isa, bool few, bool bf16_products) {
+Run production(Isa isa, bool few, bool bf16_products, bool amx = false) {
   return [=](const Problem& p, float* o, float* lse, Scratch& sc) {
     const IsaLimit limit(isa);
     const cpu::Bf16Products products(bf16_products);
+    const cpu::AmxTiles tiles(amx);
     const LimitMask mask{p.limit.data()};
     if (few) {
       attend_range_dispatch(true, p.q.data(), p.rows, p.heads, p.kv, 0, 0, p.keys, mask, p.scale, o, lse, sc);
@@ -180,7 +184,7 @@ std::vector<Variant> variants(const Problem& p) {
   v.push_back({"portable tiled (Eigen)", production(Isa::portable, false, false)});
   v.push_back({"AVX2 tiled 8x8", production(Isa::avx2, false, false), false, avx2});
   v.push_back({"AVX-512 tiled 16x16, f32 products", production(Isa::avx512, false, false), false, avx512});
-  v.push_back({"AVX-512 tiled 16x16, bf16 products", production(Isa::avx512, false, true), true, bf16});
+  v.push_back({"AVX-512 tiled 16x16, bf16 products on vdpbf16ps", production(Isa::avx512, false, true), true, bf16});
   v.push_back({"portable few-rows (Eigen)", production(Isa::portable, true, false)});
   v.push_back({"AVX2 few-rows", production(Isa::avx2, true, false), false, avx2 && p.dim % 8 == 0});
   v.push_back({"AVX-512 few-rows", production(Isa::avx512, true, false), false, avx512 && p.dim % 16 == 0});
@@ -199,6 +203,8 @@ std::vector<Variant> variants(const Problem& p) {
                avx2 && p.dim % 8 == 0});
   v.push_back({"AVX-512 few-rows, scores head by head over a whole tile",
                typed<Avx512Few<4, 4, true, avx512::kFewTile>::K>(p), false, avx512 && p.dim % 16 == 0});
+  v.push_back({"AVX-512 tiled, bf16 products on AMX tiles", production(Isa::avx512, false, true, true), true,
+               bf16 && amx_usable() && p.dim % 32 == 0, true});
 #endif
   return v;
 }
@@ -322,10 +328,13 @@ int main(int argc, char** argv) {
   }
   const double flops = 4.0 * double(p.rows) * double(p.keys) * p.heads * p.dim;
   const double bytes = 2.0 * double(n_kv) * double(dtype_size(p.dtype));
-  const double peak = var.bf16_products ? bench::measure_bf16_peak(1) : bench::measure_fma_peak(1);
+  const double peak = var.amx             ? bench::measure_amx_peak(1)
+                      : var.bf16_products ? bench::measure_bf16_peak(1)
+                                          : bench::measure_fma_peak(1);
   const double bw = cold ? bench::measure_read_bandwidth(1) : 0;
   std::printf("  %.3f ms: %.1f GFLOP/s (%.0f%% of the %s peak %.1f), %.1f GB/s of K/V", best * 1e3,
-              flops / best / 1e9, 100 * flops / best / peak, var.bf16_products ? "bf16" : "f32 FMA", peak / 1e9,
+              flops / best / 1e9, 100 * flops / best / peak, var.amx ? "AMX tile" : var.bf16_products ? "bf16" : "f32 FMA",
+              peak / 1e9,
               bytes / best / 1e9);
   if (cold) std::printf(" (%.0f%% of the read bandwidth %.1f)", 100 * bytes / best / bw, bw / 1e9);
   std::printf("\n");

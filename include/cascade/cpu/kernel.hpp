@@ -6,7 +6,8 @@
 // tokens) and the unified baseline (every row of the batch, with a sequence mask). Two shapes of kernel:
 //   tiled      many rows per KV head, one head per call: lanes hold query rows, S stays in registers, the
 //              products are register-blocked (kernel_simd.inc); bf16 K/V on vdpbf16ps where the CPU has
-//              AVX512_BF16 (kernel_avx512.hpp).
+//              AVX512_BF16 (kernel_avx512.hpp), or on AMX tiles where the CPU has them and the OS grants them
+//              (kernel_amx.hpp).
 //   few-rows   up to kFewRows rows per KV head, all KV heads of a token range in one call, so K and V stream
 //              from memory once and in order: lanes run along the head dim.
 // Each comes in three tiers (simd.hpp's Isa): AVX-512 (kernel_avx512.hpp), AVX2 + FMA + F16C
