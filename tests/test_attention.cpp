@@ -6,6 +6,8 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include <optional>
+
 #include "attention_problem.hpp"
 #include "cascade/cascade.hpp"
 #include "kernel_paths.hpp"
@@ -194,37 +196,45 @@ TEST_CASE("every head dim 32-256 that models use, every GQA ratio, both storages
   }
 }
 
+// One shared prefix of [p_min, p_max] tokens and n_seq sequences of n_query query tokens, each with up to
+// own_max tokens of its own besides them; storage, threads and (unless given) dtype at random.
+struct FanOut {
+  HeadShape shape;
+  int n_seq, n_query;
+};
+Config fan_out(Rng& rng, const FanOut& k, int64_t p_min, int64_t p_max, int64_t own_max,
+               std::optional<DType> dtype = std::nullopt) {
+  const int n_seq = k.n_seq, n_query = k.n_query;
+  Config c;
+  c.shape = k.shape;
+  c.dtype = dtype ? *dtype : rng.pick<DType>({DType::f32, DType::f16, DType::bf16});
+  c.paged = rng.coin();
+  c.tree.parent.push_back(-1);
+  c.seg_len.push_back(rng.uniform_int(p_min, p_max));
+  for (int s = 0; s < n_seq; ++s) {
+    c.tree.parent.push_back(0);
+    c.tree.paths.push_back({0, s + 1});
+    c.seg_len.push_back(rng.uniform_int(0, own_max) + n_query);
+    c.n_query.push_back(n_query);
+  }
+  c.n_threads = int(rng.uniform_int(0, 2));
+  return c;
+}
+
 TEST_CASE("shared passes of 16k + 1 to 16k + 8 stacked rows: the tiled kernel's narrow last block") {
   // 24 rows = 8 sequences x 3 query heads per KV head (SmolLM2 at -np 8); the AVX-512 path takes the rows past
   // the last multiple of 16 on 8 lanes when they fit, a mask of their own rows included (queries of 2-3 tokens).
   const uint64_t seed = test::fresh_seed();
   INFO("CASCADE_TEST_SEED=" << seed);
   Rng rng(seed);
-  struct Case {
-    HeadShape shape;
-    int n_seq, n_query;
-  };
-  for (const Case& k : std::vector<Case>{{{9, 3, 64}, 8, 1},   // 24 rows per KV head
+  for (const FanOut& k : std::vector<FanOut>{{{9, 3, 64}, 8, 1},   // 24 rows per KV head
                                          {{8, 2, 128}, 5, 1},  // 20
                                          {{2, 2, 64}, 17, 1},  // 17
                                          {{4, 1, 64}, 10, 1},  // 40
                                          {{6, 2, 64}, 3, 2},   // 18, two tokens each
                                          {{3, 1, 96}, 2, 3},   // 18
                                          {{8, 2, 64}, 2, 5}}) {  // 40; 20 causal rows per own segment
-    Config c;
-    c.shape = k.shape;
-    c.dtype = rng.pick<DType>({DType::f32, DType::f16, DType::bf16});
-    c.paged = rng.coin();
-    c.tree.parent.push_back(-1);
-    c.seg_len.push_back(rng.uniform_int(100, 700));
-    for (int s = 0; s < k.n_seq; ++s) {
-      c.tree.parent.push_back(0);
-      c.tree.paths.push_back({0, s + 1});
-      c.seg_len.push_back(rng.uniform_int(0, 80) + k.n_query);
-      c.n_query.push_back(k.n_query);
-    }
-    c.n_threads = int(rng.uniform_int(0, 2));
-    check(rng, c);
+    check(rng, fan_out(rng, k, 100, 700, 80));
   }
 }
 
@@ -236,31 +246,14 @@ TEST_CASE("bf16 shared passes: row blocks in pairs and alone, tiles cut by pages
   const uint64_t seed = test::fresh_seed();
   INFO("CASCADE_TEST_SEED=" << seed);
   Rng rng(seed);
-  struct Case {
-    HeadShape shape;
-    int n_seq, n_query;
-  };
-  for (const Case& k : std::vector<Case>{{{9, 3, 64}, 8, 1},     // 24 rows per KV head: one pair, ragged
+  for (const FanOut& k : std::vector<FanOut>{{{9, 3, 64}, 8, 1},     // 24 rows per KV head: one pair, ragged
                                          {{8, 2, 128}, 8, 1},    // 32: one pair
                                          {{4, 1, 32}, 12, 1},    // 48: a pair and one alone
                                          {{32, 8, 128}, 4, 2},   // 32 rows, two causal tokens each
                                          {{4, 2, 96}, 36, 1},    // 72: two pairs and one alone, ragged
                                          {{2, 1, 256}, 5, 3},    // 30
                                          {{8, 2, 80}, 8, 1}}) {  // 32 rows, a head dim that takes vdpbf16ps
-    Config c;
-    c.shape = k.shape;
-    c.dtype = DType::bf16;
-    c.paged = rng.coin();
-    c.tree.parent.push_back(-1);
-    c.seg_len.push_back(rng.uniform_int(1, 600));
-    for (int s = 0; s < k.n_seq; ++s) {
-      c.tree.parent.push_back(0);
-      c.tree.paths.push_back({0, s + 1});
-      c.seg_len.push_back(rng.uniform_int(0, 60) + k.n_query);
-      c.n_query.push_back(k.n_query);
-    }
-    c.n_threads = int(rng.uniform_int(0, 2));
-    check(rng, c);
+    check(rng, fan_out(rng, k, 1, 600, 60, DType::bf16));
   }
 }
 

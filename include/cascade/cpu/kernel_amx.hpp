@@ -255,9 +255,6 @@ inline void step2(const uint32_t* qp, const uint32_t* q2, const uint16_t* kp, in
 // each 16 x 16 block of words transposed.
 inline void v_transposed(const KvView& kv, int kvh, int64_t a, int64_t n, int64_t n_pad, int64_t d, uint16_t* vt) {
   const uint16_t* vb = static_cast<const uint16_t*>(kv.v);
-  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
   alignas(64) uint32_t lo[16 * 16], hi[16 * 16];
   uint32_t* vw = reinterpret_cast<uint32_t*>(vt);
   for (int64_t j0 = 0; j0 < n_pad; j0 += kStep)
@@ -267,8 +264,10 @@ inline void v_transposed(const KvView& kv, int kvh, int64_t a, int64_t n, int64_
         const int64_t j = j0 + 2 * jp;
         const __m512i x = j < n ? _mm512_loadu_si512(vb + kv.offset(a + j, kvh) + i) : _mm512_setzero_si512();
         const __m512i y = j + 1 < n ? _mm512_loadu_si512(vb + kv.offset(a + j + 1, kvh) + i) : _mm512_setzero_si512();
-        _mm512_store_si512(lo + jp * 16, _mm512_permutex2var_epi16(x, lo_idx, y));
-        _mm512_store_si512(hi + jp * 16, _mm512_permutex2var_epi16(x, hi_idx, y));
+        __m512i wl, wh;
+        avx512_bf16::pair_rows(x, y, wl, wh);
+        _mm512_store_si512(lo + jp * 16, wl);
+        _mm512_store_si512(hi + jp * 16, wh);
       }
       transpose16(lo, 16, vw + i * (kTileKeys / 2) + j0 / 2, kTileKeys / 2);
       transpose16(hi, 16, vw + (i + 16) * (kTileKeys / 2) + j0 / 2, kTileKeys / 2);

@@ -132,6 +132,14 @@ inline __m512i bcast32(const void* p) {
   return _mm512_set1_epi32(x);
 }
 
+// Two rows x, y of 32 bf16 as key-pair words: lo word i = x_i | y_i << 16 (i < 16), hi word i the same for 16 + i.
+inline void pair_rows(__m512i x, __m512i y, __m512i& lo, __m512i& hi) {
+  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  lo = _mm512_permutex2var_epi16(x, lo_idx, y);
+  hi = _mm512_permutex2var_epi16(x, _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16)), y);
+}
+
 // Copies tokens [a, a + n) of bf16 head kvh into kp (n_pad rows of d bf16, the rest zero), and the same
 // tokens of V as key pairs: vp word (jp, i) = V(2jp, i) | V(2jp + 1, i) << 16.
 inline void bf16_panels(const KvView& kv, int kvh, int64_t a, int64_t n, int64_t n_pad, int64_t d, uint16_t* kp,
@@ -140,9 +148,6 @@ inline void bf16_panels(const KvView& kv, int kvh, int64_t a, int64_t n, int64_t
   const uint16_t* vb = static_cast<const uint16_t*>(kv.v);
   for (int64_t j = 0; j < n; ++j) std::memcpy(kp + j * d, kb + kv.offset(a + j, kvh), size_t(d) * 2);
   std::memset(kp + n * d, 0, size_t((n_pad - n) * d) * 2);
-  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
   for (int64_t jp = 0; jp < n_pad / 2; ++jp) {
     const int64_t j0 = 2 * jp, j1 = 2 * jp + 1;
     const uint16_t* r0 = j0 < n ? vb + kv.offset(a + j0, kvh) : nullptr;
@@ -151,9 +156,10 @@ inline void bf16_panels(const KvView& kv, int kvh, int64_t a, int64_t n, int64_t
     int64_t i = 0;
     if (r0 && r1)
       for (; i + 32 <= d; i += 32) {
-        const __m512i x = _mm512_loadu_si512(r0 + i), y = _mm512_loadu_si512(r1 + i);
-        _mm512_storeu_si512(dst + i, _mm512_permutex2var_epi16(x, lo_idx, y));
-        _mm512_storeu_si512(dst + i + 16, _mm512_permutex2var_epi16(x, hi_idx, y));
+        __m512i lo, hi;
+        pair_rows(_mm512_loadu_si512(r0 + i), _mm512_loadu_si512(r1 + i), lo, hi);
+        _mm512_storeu_si512(dst + i, lo);
+        _mm512_storeu_si512(dst + i + 16, hi);
       }
     for (; i < d; ++i) dst[i] = uint32_t(r0 ? r0[i] : 0) | uint32_t(r1 ? r1[i] : 0) << 16;
   }
