@@ -333,8 +333,8 @@ int main(int argc, char** argv) {
                                           : bench::measure_fma_peak(1);
   const double bw = cold ? bench::measure_read_bandwidth(1) : 0;
   std::printf("  %.3f ms: %.1f GFLOP/s (%.0f%% of the %s peak %.1f), %.1f GB/s of K/V", best * 1e3,
-              flops / best / 1e9, 100 * flops / best / peak, var.amx ? "AMX tile" : var.bf16_products ? "bf16" : "f32 FMA",
-              peak / 1e9,
+              flops / best / 1e9, 100 * flops / best / peak,
+              var.amx ? "AMX tile" : var.bf16_products ? "bf16" : "f32 FMA", peak / 1e9,
               bytes / best / 1e9);
   if (cold) std::printf(" (%.0f%% of the read bandwidth %.1f)", 100 * bytes / best / bw, bw / 1e9);
   std::printf("\n");

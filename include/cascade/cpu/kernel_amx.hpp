@@ -37,7 +37,8 @@
 #define CASCADE_TILE_ZERO(t) __asm__ volatile("tilezero\t%%tmm" #t ::)
 // c += a b (AT&T operand order: b, a, c)
 #define CASCADE_TILE_DPBF16(c, a, b) \
-  __asm__ volatile("{tdpbf16ps\t%%tmm" #b ", %%tmm" #a ", %%tmm" #c "|tdpbf16ps\t%%tmm" #c ", %%tmm" #a ", %%tmm" #b "}" ::)
+  __asm__ volatile("{tdpbf16ps\t%%tmm" #b ", %%tmm" #a ", %%tmm" #c                      \
+                   "|tdpbf16ps\t%%tmm" #c ", %%tmm" #a ", %%tmm" #b "}" ::)
 
 CASCADE_TARGET_AVX512_BF16_BEGIN
 namespace cascade::cpu::amx {
@@ -189,11 +190,13 @@ inline void weighted_values(const uint32_t* p, const uint16_t* vt, int64_t n_til
 }
 
 // One step of a row block: 32 keys of the tile against 16 rows. qp: the block's Q^T, (d/2, 16) words; kp: the
-// 32 keys' rows (d bf16 each, ks elements apart: in the KV cache itself, or a padded copy); vt: V^T of the tile, d rows of n_tile bf16, at this step's first key; s, p:
-// scratch (32 x 16 floats, 16 x 16 words); ot: the block's O^T, (d, 16); m, l: its running max and sum.
+// 32 keys' rows (d bf16 each, ks elements apart: in the KV cache itself, or a padded copy); vt: V^T of the
+// tile, d rows of n_tile bf16, at this step's first key; s, p: scratch (32 x 16 floats, 16 x 16 words); ot: the
+// block's O^T, (d, 16); m, l: its running max and sum.
 template <int D>
-inline void step(const uint32_t* qp, const uint16_t* kp, int64_t ks, const uint16_t* vt, int64_t n_tile, int64_t d_rt, float qs,
-                 int nk, const uint32_t* bits, float* s, uint32_t* p, float* ot, float* m, float* l) {
+inline void step(const uint32_t* qp, const uint16_t* kp, int64_t ks, const uint16_t* vt, int64_t n_tile,
+                 int64_t d_rt, float qs, int nk, const uint32_t* bits, float* s, uint32_t* p, float* ot, float* m,
+                 float* l) {
   const int64_t d = D > 0 ? D : d_rt;
   scores<D>(qp, kp, ks, d, s);
   softmax(s, qs, nk, bits, p, ot, d, m, l);
@@ -206,9 +209,9 @@ inline void step(const uint32_t* qp, const uint16_t* kp, int64_t ks, const uint1
 // the vector work and the tile loads and stores, not the multiplies, bound it. q2, o2, m2, l2: the second
 // block's; s and p hold both blocks' (64 x 16 floats, 32 x 16 words).
 template <int D>
-inline void step2(const uint32_t* qp, const uint32_t* q2, const uint16_t* kp, int64_t ks, const uint16_t* vt, int64_t n_tile,
-                  int64_t d_rt, float qs, int nk, const uint32_t* bits, const uint32_t* bits2, float* s, uint32_t* p,
-                  float* ot, float* o2, float* m, float* m2, float* l, float* l2) {
+inline void step2(const uint32_t* qp, const uint32_t* q2, const uint16_t* kp, int64_t ks, const uint16_t* vt,
+                  int64_t n_tile, int64_t d_rt, float qs, int nk, const uint32_t* bits, const uint32_t* bits2,
+                  float* s, uint32_t* p, float* ot, float* o2, float* m, float* m2, float* l, float* l2) {
   const int64_t d = D > 0 ? D : d_rt;
   CASCADE_TILE_ZERO(0);
   CASCADE_TILE_ZERO(1);
@@ -321,7 +324,8 @@ void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int6
     const uint16_t* k_run = kb + kv.offset(a, kvh);
     const int64_t full_steps = n / kStep * kStep;
     if (full_steps < n) {
-      for (int64_t j = full_steps; j < n; ++j) std::memcpy(kp + (j - full_steps) * d, k_run + j * kv.stride_token, size_t(d) * 2);
+      for (int64_t j = full_steps; j < n; ++j)
+        std::memcpy(kp + (j - full_steps) * d, k_run + j * kv.stride_token, size_t(d) * 2);
       std::memset(kp + (n - full_steps) * d, 0, size_t((n_pad - n) * d) * 2);
     }
     v_transposed(kv, kvh, a, n, n_pad, d, vt);
