@@ -7,15 +7,15 @@
 //   S^T (32 keys x 16 rows)  = K (keys x head dim, as stored)   * Q^T (head-dim pairs x rows, packed once)
 //   O^T (head dim x 16 rows) += V^T (head dim x keys, per tile) * P^T (key pairs x rows, from the softmax)
 // S^T goes to a 2 KB buffer in L1 and back; the softmax (f32, AVX-512) writes P^T as bf16 key pairs, which is
-// the layout the second product takes. Each K/V tile is copied (K rows) and transposed (V) once and read by
-// every row block. The rounding is that of the vdpbf16ps kernel (kernel_avx512.hpp: q and the softmax weights
+// the layout the second product takes. K tiles load from the KV cache as stored; V^T is built once per K/V
+// tile of up to 128 keys and read by every row block. The rounding is that of the vdpbf16ps kernel (kernel_avx512.hpp: q and the softmax weights
 // rounded to bf16, sums in f32), so the two share one error bound: |o - o_exact| <= 2^-8 sum_j w_j |v_j|.
 //
 // Tiles are per-thread state: each call loads the tile configuration and releases the tiles when it returns.
 // The OS must grant a process the tile data (Linux: arch_prctl ARCH_REQ_XCOMP_PERM); amx_usable() (simd.hpp)
 // asks once, and the dispatcher calls this kernel only where it was granted.
 //
-// Part of kernel_avx512.hpp, which includes it after the vdpbf16ps kernel whose panels and softmax it reuses.
+// Part of kernel_avx512.hpp, which includes it after the vdpbf16ps kernel whose key pairing it reuses.
 #pragma once
 
 #if CASCADE_X86 && defined(__x86_64__)
@@ -322,11 +322,11 @@ void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int6
     // K tiles load from the cache itself (a tile's tokens are one run, stride_token apart); only a last step of
     // fewer than 32 keys reads a zero-padded copy, since its tile would read rows past the run.
     const uint16_t* k_run = kb + kv.offset(a, kvh);
-    const int64_t full_steps = n / kStep * kStep;
-    if (full_steps < n) {
-      for (int64_t j = full_steps; j < n; ++j)
-        std::memcpy(kp + (j - full_steps) * d, k_run + j * kv.stride_token, size_t(d) * 2);
-      std::memset(kp + (n - full_steps) * d, 0, size_t((n_pad - n) * d) * 2);
+    const int64_t n_full = n / kStep * kStep;
+    if (n_full < n) {
+      for (int64_t j = n_full; j < n; ++j)
+        std::memcpy(kp + (j - n_full) * d, k_run + j * kv.stride_token, size_t(d) * 2);
+      std::memset(kp + (n - n_full) * d, 0, size_t((n_pad - n) * d) * 2);
     }
     v_transposed(kv, kvh, a, n, n_pad, d, vt);
     avx512::prefetch_tile(kv, kvh, a + n, std::min(t1, a + n + kTileKeys));
@@ -343,14 +343,14 @@ void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int6
       const int64_t r0 = b * RB, r1 = r0 + RB;
       for (int64_t c = 0; c < n; c += kStep) {
         const int nk = int(std::min<int64_t>(kStep, n - c));
+        const uint16_t* kc = c < n_full ? k_run + c * kv.stride_token : kp;
+        const int64_t ks = c < n_full ? kv.stride_token : d;
         if (nb == 2)
-          step2<D>(qp + b * RB * d / 2, qp + (b + 1) * RB * d / 2, c < full_steps ? k_run + c * kv.stride_token : kp,
-                   c < full_steps ? kv.stride_token : d, vt + c, kTileKeys, d, qs, nk,
+          step2<D>(qp + b * RB * d / 2, qp + (b + 1) * RB * d / 2, kc, ks, vt + c, kTileKeys, d, qs, nk,
                    bb[0] ? bb[0] + c : nullptr, bb[1] ? bb[1] + c : nullptr, s, p, ot + r0 * d, ot + r1 * d, m + r0,
                    m + r1, l + r0, l + r1);
         else
-          step<D>(qp + b * RB * d / 2, c < full_steps ? k_run + c * kv.stride_token : kp,
-                  c < full_steps ? kv.stride_token : d, vt + c, kTileKeys, d, qs, nk, bb[0] ? bb[0] + c : nullptr, s, p,
+          step<D>(qp + b * RB * d / 2, kc, ks, vt + c, kTileKeys, d, qs, nk, bb[0] ? bb[0] + c : nullptr, s, p,
                   ot + r0 * d, m + r0, l + r0);
       }
       b += nb;
