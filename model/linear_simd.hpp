@@ -85,8 +85,6 @@ struct V256 {
     return _mm256_add_epi32(base, _mm256_set1_epi32(j * 32 / G));
   }
   LT static F permute(I idx, const float* p) { return _mm256_permutevar8x32_ps(_mm256_loadu_ps(p), idx); }
-  LT static I nibble_order(I v) { return v; }
-  LT static I nibble_groups(int j) { return chunk_groups<32>(j); }
 };
 
 #if CASCADE_LINEAR_512
@@ -119,11 +117,6 @@ struct V512 {
     return _mm512_add_epi32(base, _mm512_set1_epi32(j * 64 / G));
   }
   LT static F permute(I idx, const float* p) { return _mm512_permutexvar_ps(idx, _mm512_loadu_ps(p)); }
-  // Two blocks of 32 in the order of their nibbles: values 0-15, 32-47, 16-31, 48-63 (128-bit lanes 0, 2, 1, 3)
-  LT static I nibble_order(I v) { return _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0)); }
-  LT static I nibble_groups(int j) {
-    return _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1), _mm512_set1_epi32(2 * j));
-  }
 };
 #endif
 
@@ -177,20 +170,12 @@ struct Codes<T, kSigned> {
     int64_t g = 0;
 #if CASCADE_LINEAR_512
     if constexpr (T == TensorType::Q4_1) {
-      // 16 blocks (320 bytes, five loads) at a time: their first dwords, (d, m), picked out by three permutes:
-      // dwords 0, 5, .., 30 of the first two loads, 35, .., 60 of the next two, 65, 70, 75 of the last.
-      const __m512i i01 = _mm512_setr_epi32(0, 5, 10, 15, 20, 25, 30, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-      const __m512i i23 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 3, 8, 13, 18, 23, 28, 0, 0, 0);
-      const __m512i i4 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 6, 11);
+      // 16 blocks (320 bytes, five loads) at a time
       for (; g + 16 <= n; g += 16) {
-        const uint8_t* p = b + g * bb;
-        const __m512i r0 = _mm512_loadu_si512(p), r1 = _mm512_loadu_si512(p + 64), r2 = _mm512_loadu_si512(p + 128),
-                      r3 = _mm512_loadu_si512(p + 192), r4 = _mm512_loadu_si512(p + 256);
-        __m512i w = _mm512_permutex2var_epi32(r0, i01, r1);
-        w = _mm512_mask_blend_epi32(__mmask16(0x1f80), w, _mm512_permutex2var_epi32(r2, i23, r3));
-        w = _mm512_mask_blend_epi32(__mmask16(0xe000), w, _mm512_permutexvar_epi32(i4, r4));
-        _mm512_storeu_ps(sc + g, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w)));
-        _mm512_storeu_ps(off + g, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16))));
+        __m512 d, m;
+        scales16<true>(b, g, 16, d, m);
+        _mm512_storeu_ps(sc + g, d);
+        _mm512_storeu_ps(off + g, m);
       }
     }
 #endif
@@ -227,51 +212,84 @@ struct Codes<T, kSigned> {
       off[g] = T == TensorType::Q4_1 ? half1(b + g * bb + 2) : mul * sc[g];
     }
   }
-  // q4_0 / q4_1 by 64 (two blocks): [low nibbles of both | high nibbles of both], i.e. values 0-15 and 32-47,
-  // then 16-31 and 48-63; chunk_order says so to the kernel, which reorders its activations the same way.
-  static constexpr bool nibble_order = T != TensorType::Q8_0;
 #if CASCADE_LINEAR_512
-  // The chunks c < fast_chunks(...) of every row at or before `last` are whole (two units) and their 64-byte loads
-  // end at or before limit (the end of the memory that may be read: the matrix's end); chunk64<false> reads those
-  // without checking. chunk64<true> reads any chunk, a unit past the row being zero.
-  LT static int64_t fast_chunks(const uint8_t* last, int64_t n_units, const uint8_t* limit) {
-    int64_t n = n_units / 2;
-    if constexpr (T != TensorType::Q8_0) {
-      const int64_t room = limit - last - 64;  // chunk c's load starts at last + 2 c bb
-      n = room < 0 ? 0 : std::min<int64_t>(n, room / int64_t(2 * bb) + 1);
-    }
-    return n;
-  }
+  // q8_0 by 64 (two blocks), for tile_k. q4_0 and q4_1 go four blocks at a time through tile_q4 (quad below).
+  LT static int64_t fast_chunks(const uint8_t*, int64_t n_units, const uint8_t*) { return n_units / 2; }
   template <bool kChecked>
-  LT static __m512i chunk64(const uint8_t* row, int64_t c, int64_t n_units, const uint8_t* limit) {
-    if constexpr (T == TensorType::Q8_0) {
-      const __m256i lo = unit(row, 2 * c);
-      const __m256i hi = !kChecked || 2 * c + 1 < n_units ? unit(row, 2 * c + 1) : _mm256_setzero_si256();
-      return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    } else {
-      const uint8_t* p = row + 2 * c * bb;
-      if (!kChecked || (2 * c + 1 < n_units && limit - p >= 64)) {
-        // Both blocks in one load, and one permute puts their 32 code bytes in each half: low nibbles kept in
-        // the lower half, high nibbles shifted down in the upper. q4_1: 20-byte blocks, codes in dwords 1-4 and
-        // 6-9; q4_0: 18-byte blocks, codes in words 1-8 and 10-17.
-        const __m512i raw = _mm512_loadu_si512(p);
-        __m512i v;
-        if constexpr (T == TensorType::Q4_1)
-          v = _mm512_permutexvar_epi32(_mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 1, 2, 3, 4, 6, 7, 8, 9), raw);
-        else
-          v = _mm512_permutexvar_epi16(_mm512_set_epi16(17, 16, 15, 14, 13, 12, 11, 10, 8, 7, 6, 5, 4, 3, 2, 1,  //
-                                                        17, 16, 15, 14, 13, 12, 11, 10, 8, 7, 6, 5, 4, 3, 2, 1),
-                                       raw);
-        v = _mm512_mask_srli_epi16(v, __mmask32(0xffff0000u), v, 4);
-        return _mm512_and_si512(v, _mm512_set1_epi8(15));
+  LT static __m512i chunk64(const uint8_t* row, int64_t c, int64_t n_units, const uint8_t*) {
+    static_assert(T == TensorType::Q8_0);
+    const __m256i lo = unit(row, 2 * c);
+    const __m256i hi = !kChecked || 2 * c + 1 < n_units ? unit(row, 2 * c + 1) : _mm256_setzero_si256();
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  }
+  // The scales and offsets of blocks u .. u + n - 1 (1 <= n <= 16) of a row in f32 lanes, lanes n .. 15 zero,
+  // from five loads of 64 bytes and three permutes. kRoom: the 320 bytes from block u may be read (the loads then
+  // pass the n blocks into the next row at most); else loads are masked to the n blocks.
+  template <bool kRoom>
+  LT static void scales16(const uint8_t* row, int64_t u, int64_t n, __m512& sc, __m512& off) {
+    const uint8_t* p = row + u * bb;
+    __m512i r[5];
+    for (int k = 0; k < 5; ++k) {
+      if constexpr (kRoom) {
+        r[k] = _mm512_loadu_si512(p + 64 * k);
+      } else {
+        const int64_t m = n * int64_t(bb) - 64 * k;  // bytes of the n blocks from p + 64 k
+        r[k] = m <= 0 ? _mm512_setzero_si512()
+                      : _mm512_maskz_loadu_epi8(m >= 64 ? ~__mmask64(0) : (__mmask64(1) << m) - 1, p + 64 * k);
       }
-      constexpr size_t qs = T == TensorType::Q4_0 ? 2 : 4;
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + qs));
-      const __m128i b = 2 * c + 1 < n_units ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + bb + qs))
-                                            : _mm_setzero_si128();
-      const __m256i v = _mm256_set_m128i(b, a), m4 = _mm256_set1_epi8(15);
-      return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m4)),
-                                _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), 1);
+    }
+    const __mmask16 lanes = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+    if constexpr (T == TensorType::Q4_1) {
+      // (d, m) dwords at 0, 5, .., 30 of the first two loads, 35, .., 60 of the next two, 65, 70, 75 of the last
+      const __m512i i01 = _mm512_setr_epi32(0, 5, 10, 15, 20, 25, 30, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+      const __m512i i23 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 3, 8, 13, 18, 23, 28, 0, 0, 0);
+      const __m512i i4 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 6, 11);
+      __m512i v = _mm512_permutex2var_epi32(r[0], i01, r[1]);
+      v = _mm512_mask_blend_epi32(__mmask16(0x1f80), v, _mm512_permutex2var_epi32(r[2], i23, r[3]));
+      v = _mm512_mask_blend_epi32(__mmask16(0xe000), v, _mm512_permutexvar_epi32(i4, r[4]));
+      v = _mm512_maskz_mov_epi32(lanes, v);
+      sc = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+      off = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));
+    } else {
+      // d words at 0, 9, .., 63 of the first two loads, 72, .., 126 of the next two, 135 of the last
+      alignas(64) static constexpr int16_t i01[32] = {0, 9, 18, 27, 36, 45, 54, 63};
+      alignas(64) static constexpr int16_t i23[32] = {0, 0, 0, 0, 0, 0, 0, 0, 8, 17, 26, 35, 44, 53, 62};
+      alignas(64) static constexpr int16_t i4[32] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7};
+      __m512i v = _mm512_permutex2var_epi16(r[0], _mm512_load_si512(i01), r[1]);
+      v = _mm512_mask_blend_epi16(__mmask32(0x7f00), v, _mm512_permutex2var_epi16(r[2], _mm512_load_si512(i23), r[3]));
+      v = _mm512_mask_blend_epi16(__mmask32(0x8000), v, _mm512_permutexvar_epi16(_mm512_load_si512(i4), r[4]));
+      v = _mm512_maskz_mov_epi16(__mmask32(lanes), v);
+      sc = _mm512_cvtph_ps(_mm512_castsi512_si256(v));
+      off = _mm512_mul_ps(sc, _mm512_set1_ps(-8.0f));
+    }
+  }
+  // The 16 code bytes of blocks u .. u + 3, block k's in 128-bit lane k; blocks at or past n (n < 4: the row's
+  // last, partial quad) are zero and not read. Two loads that stay inside the four blocks (80 bytes for q4_1, 72
+  // for q4_0) and one two-source permute (dwords for q4_1's 20-byte blocks, words for q4_0's 18-byte ones).
+  template <bool kPartial>
+  LT static __m512i quad(const uint8_t* row, int64_t u, int64_t n) {
+    const uint8_t* p = row + u * bb;
+    constexpr int second = T == TensorType::Q4_1 ? 16 : 8;  // where the second load starts: it ends the quad
+    __m512i a, b;
+    if constexpr (kPartial) {
+      const int64_t bytes = n * int64_t(bb);  // what may be read from p
+      const auto mask = [](int64_t m) {
+        return m >= 64 ? ~__mmask64(0) : m <= 0 ? __mmask64(0) : (__mmask64(1) << m) - 1;
+      };
+      a = _mm512_maskz_loadu_epi8(mask(bytes), p);
+      b = _mm512_maskz_loadu_epi8(mask(bytes - second), p + second);
+    } else {
+      a = _mm512_loadu_si512(p);
+      b = _mm512_loadu_si512(p + second);
+    }
+    if constexpr (T == TensorType::Q4_1) {
+      // dwords 1-4, 6-9, 11-14 of a; block 3 (bytes 64-79) is dwords 12-15 of b
+      return _mm512_permutex2var_epi32(a, _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14, 28, 29, 30, 31), b);
+    } else {
+      // words 1-8, 10-17, 19-26 of a; block 3 (bytes 56-71) is words 24-31 of b
+      alignas(64) static constexpr int16_t idx[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
+                                                      19, 20, 21, 22, 23, 24, 25, 26, 56, 57, 58, 59, 60, 61, 62, 63};
+      return _mm512_permutex2var_epi16(a, _mm512_load_si512(idx), b);
     }
   }
 #endif
@@ -316,7 +334,6 @@ struct Codes<T, kSigned> {
       return c;
     }
   }
-  static constexpr bool nibble_order = false;
 #if CASCADE_LINEAR_512
   LT static int64_t fast_chunks(const uint8_t*, int64_t n_units, const uint8_t*) { return n_units / 2; }
   template <bool>
@@ -410,6 +427,83 @@ LT int64_t fast_chunk_count(const uint8_t* last, int64_t n_units, int64_t n_chun
   }
 }
 
+#if CASCADE_LINEAR_512
+// tile_k for q4_0 / q4_1 on 512-bit vectors. Each row's scales and offsets come 16 groups at a time into
+// registers (Codes::scales16) and go straight into the group products and the offsets' sum, so nothing is stored
+// and read back narrower than it was written. Then four blocks a step (Codes::quad): their low nibbles against
+// the activations' values 0-15 of each block and their high nibbles against 16-31, both into one sum whose lane
+// 4k + m belongs to block k. Per four blocks and row: one permute, three mask/shift ops, two dot products, a
+// convert and an FMA, where two 64-code chunks took two permutes, two converts and two FMAs.
+template <class D, class Cd, int R, int T>
+LT void tile_q4(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, float* out) {
+  constexpr int64_t bb = Cd::bb;
+  const int64_t K = x.n_in, nu = K / 32, gp = (nu + 15) / 16 * 16;
+  thread_local std::vector<float> buf;
+  buf.resize(size_t(R * T * gp));
+  float* comb = buf.data();  // (R, T, gp): scale[g] * d[g], zero past the row's groups
+  const uint8_t* row[R];
+  const uint8_t* limit = w.data + w.bytes();  // the matrix's end
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r) {
+    row[r] = w.data + uint64_t(std::min(i + r, w.n_out - 1)) * w.row_bytes;
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < nu; g += 16) {
+      const int64_t n = std::min<int64_t>(16, nu - g);
+      __m512 sc, off;
+      // 16 q4_1 blocks are the 320 bytes scales16 reads; 16 q4_0 blocks only 288
+      if ((n == 16 && 16 * bb >= 320) || limit - (row[r] + g * bb) >= 320)
+        Cd::template scales16<true>(row[r], g, n, sc, off);
+      else
+        Cd::template scales16<false>(row[r], g, n, sc, off);
+      for (int t = 0; t < T; ++t) {
+        // past the row's last group these read the next row's numbers (or the buffers' zero slack): times 0
+        const float* d = x.d.data() + (t0 + t) * nu + g;
+        const float* sg = x.s32.data() + (t0 + t) * nu + g;
+        _mm512_storeu_ps(comb + (r * T + t) * gp + g, _mm512_mul_ps(sc, _mm512_loadu_ps(d)));
+        acc[r][t] = _mm512_fmadd_ps(off, _mm512_loadu_ps(sg), acc[r][t]);
+      }
+    }
+  }
+  const int8_t* xq = x.q.data() + t0 * K;
+  const auto quad = [&]<bool kPartial>(int64_t q) LT {
+    const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                         _mm512_set1_epi32(int(q % 4) * 4));
+    const int64_t window = q / 4 * 16;
+    const __m512i m4 = _mm512_set1_epi8(15);
+    __m512i lo[R], hi[R];
+    for (int r = 0; r < R; ++r) {
+      const __m512i v = Cd::template quad<kPartial>(row[r], 4 * q, nu - 4 * q);
+      lo[r] = _mm512_and_si512(v, m4);
+      hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+    for (int t = 0; t < T; ++t) {
+      // values 0-15 of the four blocks (qwords 0-1 and 4-5 of each pair of blocks), then 16-31. A last, partial
+      // quad reads past the row, into the next one or the buffer's zero slack, against zero codes or scales.
+      const int8_t* xp = xq + t * K + q * 128;
+      const __m512i x0 = _mm512_loadu_si512(xp), x1 = _mm512_loadu_si512(xp + 64);
+      const __m512i xl = _mm512_permutex2var_epi64(x0, _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), x1);
+      const __m512i xh = _mm512_permutex2var_epi64(x0, _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15), x1);
+      for (int r = 0; r < R; ++r) {
+        const __m512i s = D::dot(D::dot(_mm512_setzero_si512(), lo[r], xl), hi[r], xh);
+        const __m512 c = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(comb + (r * T + t) * gp + window));
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), c, acc[r][t]);
+      }
+    }
+  };
+  const int64_t n_full = nu / 4;
+  for (int64_t q = 0; q < n_full; ++q) quad.template operator()<false>(q);
+  // A last quad of fewer blocks reads the next row's codes (against zero scales) unless that would pass the
+  // matrix's end; masked loads cost as much as two whole quads.
+  if (nu % 4) {
+    const uint8_t* last = *std::max_element(row, row + R);
+    if (limit - last >= (n_full + 1) * 4 * bb) quad.template operator()<false>(n_full);
+    else quad.template operator()<true>(n_full);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) out[r * T + t] = _mm512_reduce_add_ps(acc[r][t]);
+}
+#endif
+
 // out[r * T + t] = row i + r of W . row t0 + t of X (natural layout), for R rows and T rows of X, the codes
 // decoded straight into registers. First, per row, its scales and offsets; per (r, t), scale[g] * d[block of g]
 // for every group (comb) and the offsets against the activations' group sums (as a vector). Then per chunk of
@@ -420,7 +514,6 @@ LT void tile_k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, float*
   using F = typename V::F;
   constexpr int L = V::L, C = 4 * L, G = Cd::G;
   constexpr int CW = L * G / C;  // chunks per window of L groups
-  constexpr bool reorder = Cd::nibble_order && L == 16;
   const int64_t K = x.n_in, nb = K / 32, n_groups = K / G, n_units = K / 32;
   const int64_t gp = (n_groups + L - 1) / L * L, n_chunks = (K + C - 1) / C;
   const float* s_base = G == 16 ? x.s16.data() : x.s32.data();
@@ -457,15 +550,14 @@ LT void tile_k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, float*
   const auto chunk = [&]<bool kChecked>(int64_t c) LT {
     const int64_t window = c / CW * L;
     const int j = int(c % CW);
-    const I idx = reorder ? V::nibble_groups(j) : V::template chunk_groups<G>(j);
+    const I idx = V::template chunk_groups<G>(j);
     I wv[R];
     for (int r = 0; r < R; ++r) wv[r] = chunk_codes<V, Cd, kChecked>(row[r], c, n_units, limit);
     I wa[R];
     if constexpr (Cd::is_signed)
       for (int r = 0; r < R; ++r) wa[r] = V::abs8(wv[r]);
     for (int t = 0; t < T; ++t) {
-      I xv = V::load(x.q.data() + (t0 + t) * K + c * C);
-      if constexpr (reorder) xv = V::nibble_order(xv);
+      const I xv = V::load(x.q.data() + (t0 + t) * K + c * C);
       for (int r = 0; r < R; ++r) {
         I s;
         if constexpr (Cd::is_signed) s = D::dot(V::izero(), wa[r], V::sign8(xv, wv[r]));
@@ -578,15 +670,23 @@ LT void rows_typed(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, i
   if (x.lanes == 0) {
     // few rows of X: codes straight into registers, R weight rows at a time
     constexpr int R = S::rk;
+    const auto tile = [&]<int NT>(int64_t i, int64_t t) LT {
+#if CASCADE_LINEAR_512
+      if constexpr ((T == TensorType::Q4_0 || T == TensorType::Q4_1) && S::KV::L == 16)
+        tile_q4<typename S::KD, Cd, R, NT>(w, i, x, t, out);
+      else
+#endif
+        tile_k<typename S::KV, typename S::KD, Cd, R, NT>(w, i, x, t, out);
+    };
     for (int64_t i = i0; i < i1; i += R) {
       prefetch_rows(w, i + kAhead * R, R);
       const int n_rows = int(std::min<int64_t>(R, i1 - i));
       for (int64_t t = t0; t < t1;) {
         const int nt = int(std::min<int64_t>(3, t1 - t));
         switch (nt) {
-          case 3: tile_k<typename S::KV, typename S::KD, Cd, R, 3>(w, i, x, t, out); break;
-          case 2: tile_k<typename S::KV, typename S::KD, Cd, R, 2>(w, i, x, t, out); break;
-          default: tile_k<typename S::KV, typename S::KD, Cd, R, 1>(w, i, x, t, out); break;
+          case 3: tile.template operator()<3>(i, t); break;
+          case 2: tile.template operator()<2>(i, t); break;
+          default: tile.template operator()<1>(i, t); break;
         }
         for (int r = 0; r < n_rows; ++r)
           for (int j = 0; j < nt; ++j) y[(t + j) * w.n_out + i + r] = out[r * nt + j];

@@ -121,8 +121,11 @@ TEST_CASE("linear: every path, every type, against the double reference within t
       CAPTURE(linear::path_name(path));
       CAPTURE(gguf::type_name(t));
       const bool k_quant = gguf::block_size(t) == 256;
-      // n_in: one block, a tail of 32 past a multiple of 64, several blocks; float types also off any block
-      std::vector<int64_t> ins = k_quant ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{32, 96, 576};
+      // n_in: one block, a tail of 32 past a multiple of 64, several blocks (576: 18, a last group of four blocks
+      // of two and a last window of 16 groups of two; 512: 16, whole ones; 1056: 33, a last group of one after
+      // two whole windows); float types also off any block
+      std::vector<int64_t> ins =
+          k_quant ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{32, 96, 512, 576, 1056};
       if (gguf::block_size(t) == 1) ins.push_back(45);
       for (int64_t n_in : ins)
         // rows of X: by lanes of K (1-3), 8 lanes (4-8), 16 lanes (9+), tails of each; n_out: panel tails, and
