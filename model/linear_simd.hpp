@@ -14,12 +14,14 @@
 // The two shapes of an int8 product (linear.hpp):
 //   by lanes of K (few rows of X: 1-3)  a vector holds 32 or 64 consecutive codes of one weight row and the
 //       same columns of one row of X; R weight rows x T rows of X accumulate in registers, f32 per lane, and the
-//       group scales are spread over the lanes they cover.
+//       group scales are spread over the lanes they cover (tile_k). q4_0 and q4_1 on 512-bit vectors instead
+//       take four blocks a step, their low and high nibbles as two vectors against the activations' halves of
+//       each block (tile_q4).
 //   by lanes of X (more rows)  a vector holds 4 consecutive activations of 8 or 16 rows of X (Int8Form's lane
 //       layout); a weight's 4 codes are broadcast to all lanes; R weight rows x TV vectors of X rows accumulate
 //       one group in int32, then scale it into f32.
-// Weights are first decoded, R rows at a time, into a panel of codes, scales and offsets (a few KiB, in L1),
-// by SIMD decoders that produce exactly what gguf::decode_codes produces (tested).
+// For the lanes of X, weights are first decoded, R rows at a time, into a panel of codes, scales and offsets (a
+// few KiB, in L1), by SIMD decoders that produce exactly what gguf::decode_codes produces (tested).
 #pragma once
 
 #include "cascade/simd.hpp"
