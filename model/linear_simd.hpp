@@ -51,6 +51,13 @@ inline int32_t load_i32(const void* p) {
   return v;
 }
 
+#if CASCADE_LINEAR_512
+// A mask of the first m bytes of a 64-byte load (none for m <= 0, all for m >= 64).
+inline __mmask64 first_bytes(int64_t m) {
+  return m >= 64 ? ~__mmask64(0) : m <= 0 ? __mmask64(0) : (__mmask64(1) << m) - 1;
+}
+#endif
+
 // --- vector traits -------------------------------------------------------------------------------------
 
 struct V256 {
@@ -235,9 +242,7 @@ struct Codes<T, kSigned> {
       if constexpr (kRoom) {
         r[k] = _mm512_loadu_si512(p + 64 * k);
       } else {
-        const int64_t m = n * int64_t(bb) - 64 * k;  // bytes of the n blocks from p + 64 k
-        r[k] = m <= 0 ? _mm512_setzero_si512()
-                      : _mm512_maskz_loadu_epi8(m >= 64 ? ~__mmask64(0) : (__mmask64(1) << m) - 1, p + 64 * k);
+        r[k] = _mm512_maskz_loadu_epi8(first_bytes(n * int64_t(bb) - 64 * k), p + 64 * k);  // the n blocks only
       }
     }
     const __mmask16 lanes = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
@@ -298,11 +303,8 @@ struct Codes<T, kSigned> {
     __m512i a, b;
     if constexpr (kPartial) {
       const int64_t bytes = n * int64_t(bb);  // what may be read from p
-      const auto mask = [](int64_t m) {
-        return m >= 64 ? ~__mmask64(0) : m <= 0 ? __mmask64(0) : (__mmask64(1) << m) - 1;
-      };
-      a = _mm512_maskz_loadu_epi8(mask(bytes), p);
-      b = _mm512_maskz_loadu_epi8(mask(bytes - second), p + second);
+      a = _mm512_maskz_loadu_epi8(first_bytes(bytes), p);
+      b = _mm512_maskz_loadu_epi8(first_bytes(bytes - second), p + second);
     } else {
       a = _mm512_loadu_si512(p);
       b = _mm512_loadu_si512(p + second);
@@ -465,6 +467,9 @@ LT inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
   return _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, q));
 }
 
+// The scratch tile_q4 needs for `rows` rows x rows of X: each one's group products, whole windows of 16.
+inline int64_t q4_comb_floats(int64_t rows, int64_t n_in) { return rows * ((n_in / 32 + 15) / 16 * 16); }
+
 // tile_k for q4_0 / q4_1 on 512-bit vectors. Each row's scales and offsets come 16 groups at a time into
 // registers (Codes::scales16) and go straight into the group products and the offsets' sum, so nothing is stored
 // and read back narrower than it was written. Then four blocks a step (Codes::quad): their low nibbles against
@@ -473,9 +478,7 @@ LT inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 // row: one permute, three mask/shift ops, two dot products, a convert and an FMA, where two 64-code chunks took
 // four permutes, two converts and two FMAs. (Lanes by blocks, j / 4, and the products permuted into place: a
 // permute more per four blocks and row, 1536 x 576 q4_1 in L2, one row of X, one thread 21.4 -> 23.0 ns per row.)
-// comb: room for q4_comb_floats(R * T, n_in) floats.
-inline int64_t q4_comb_floats(int64_t rows, int64_t n_in) { return rows * ((n_in / 32 + 15) / 16 * 16); }
-
+// comb: scratch of q4_comb_floats(R * T, n_in) floats.
 template <class D, class Cd, int R, int T>
 LT void tile_q4(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, float* out, float* comb) {
   constexpr int64_t bb = Cd::bb;
@@ -541,8 +544,7 @@ LT void tile_q4(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, float
   // A last quad of fewer blocks reads the next row's codes (against zero scales) unless that would pass the
   // matrix's end; masked loads cost as much as two whole quads.
   if (nu % 4) {
-    const uint8_t* last = *std::max_element(row, row + R);
-    if (limit - last >= (n_full + 1) * 4 * bb) quad.template operator()<false>(n_full);
+    if (limit - row[R - 1] >= (n_full + 1) * 4 * bb) quad.template operator()<false>(n_full);  // row[R - 1]: the last
     else quad.template operator()<true>(n_full);
   }
   static_assert(R % 4 == 0);
