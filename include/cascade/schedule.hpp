@@ -85,6 +85,7 @@ struct Schedule {
   std::vector<PassSegment> segs;
   std::vector<Row> rows;
   std::vector<Item> items;
+  std::vector<int32_t> largest_first;  // item indices, the most work (rows x heads x keys) first
   std::vector<int64_t> groups;    // per item group: its first item; plus a final sentinel
   std::vector<int64_t> out_begin;  // (n_rows * n_q_heads + 1)
   std::vector<int64_t> out_slots;
@@ -224,6 +225,14 @@ inline void add_items(Schedule& s, const HeadShape& shape, const Target& t) {
     }
   }
   s.groups.push_back(int64_t(s.items.size()));
+  const auto work = [&](int32_t i) {
+    const Schedule::Item& it = s.items[size_t(i)];
+    return double(it.heads) * double(it.e1 - it.e0) * double(it.t1 - it.t0);
+  };
+  s.largest_first.resize(s.items.size());
+  for (size_t i = 0; i < s.items.size(); ++i) s.largest_first[i] = int32_t(i);
+  std::stable_sort(s.largest_first.begin(), s.largest_first.end(),
+                   [&](int32_t a, int32_t b) { return work(a) > work(b); });
 }
 
 // The merge lists (step 3). parts(row, add) calls add(pass, token row of the pass) for every pass whose

@@ -21,6 +21,7 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <atomic>
 #include <concepts>
 #include <cstdint>
 #include <map>
@@ -177,13 +178,20 @@ inline void gather_queries(const float* q, const HeadShape& shape, const Schedul
 }
 
 // Runs every item of sc: attend(item, scratch, o, lse) writes the item's partial states, o (heads, rows,
-// head_dim) and lse (heads, rows), into the workspace.
+// head_dim) and lse (heads, rows), into the workspace. Items go largest first (rows x heads x keys), each thread
+// taking the next one as it finishes: a range split between threads could leave one thread a shared pass's
+// last large item after the other had run out of work (K2: 8 items of ~1.5 ms and 32 of ~0.02 ms).
 template <class AttendItem>
 void run_items(const Schedule& sc, int64_t head_dim, float* ws, AttendItem attend) {
-  tbb::parallel_for(tbb::blocked_range<size_t>(0, sc.items.size(), 1), [&](const tbb::blocked_range<size_t>& br) {
+  const size_t n = sc.items.size();
+  if (n == 0) return;
+  CASCADE_CHECK(sc.largest_first.size() == n, "run: the schedule's item order is missing");
+  std::atomic<size_t> next{0};
+  const int n_workers = int(std::min<size_t>(size_t(std::max(1, tbb::this_task_arena::max_concurrency())), n));
+  tbb::parallel_for(0, n_workers, 1, [&](int) {
     ItemScratch& s = item_scratch().local();
-    for (size_t i = br.begin(); i < br.end(); ++i) {
-      const Schedule::Item& it = sc.items[i];
+    for (size_t k; (k = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
+      const Schedule::Item& it = sc.items[size_t(sc.largest_first[k])];
       attend(it, s, ws + it.slot * head_dim, ws + sc.n_slots * head_dim + it.slot);
     }
   });
