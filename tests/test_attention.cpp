@@ -221,19 +221,27 @@ Config fan_out(Rng& rng, const FanOut& k, int64_t p_min, int64_t p_max, int64_t 
   return c;
 }
 
-TEST_CASE("shared passes of 16k + 1 to 16k + 8 stacked rows: the tiled kernel's narrow last block") {
-  // 24 rows = 8 sequences x 3 query heads per KV head (SmolLM2 at -np 8); the AVX-512 path takes the rows past
-  // the last multiple of 16 on 8 lanes when they fit, a mask of their own rows included (queries of 2-3 tokens).
+TEST_CASE("shared passes of every size of last row block: blocks of two registers, of one, and a narrow last one") {
+  // The AVX-512 path cuts a pass's stacked rows into blocks of 32 rows (two registers of 16), then what is left:
+  // one such block when 25-31 rows are left, 16 rows in one register and the rest (up to 8) on 8 lanes when
+  // 9-24 are, and 8 lanes alone for 1-8. 24 rows = 8 sequences x 3 query heads per KV head (SmolLM2 at -np 8).
+  // Masks of their own rows included (queries of 2-5 tokens).
   const uint64_t seed = test::fresh_seed();
   INFO("CASCADE_TEST_SEED=" << seed);
   Rng rng(seed);
-  for (const FanOut& k : std::vector<FanOut>{{{9, 3, 64}, 8, 1},   // 24 rows per KV head
-                                         {{8, 2, 128}, 5, 1},  // 20
-                                         {{2, 2, 64}, 17, 1},  // 17
-                                         {{4, 1, 64}, 10, 1},  // 40
-                                         {{6, 2, 64}, 3, 2},   // 18, two tokens each
-                                         {{3, 1, 96}, 2, 3},   // 18
-                                         {{8, 2, 64}, 2, 5}}) {  // 40; 20 causal rows per own segment
+  for (const FanOut& k : std::vector<FanOut>{{{9, 3, 64}, 8, 1},    // 24 rows per KV head: 16 + 8
+                                         {{8, 2, 128}, 5, 1},   // 20: 16 + 4
+                                         {{2, 2, 64}, 17, 1},   // 17: 16 + 1
+                                         {{4, 1, 64}, 10, 1},   // 40: 32 + 8
+                                         {{6, 2, 64}, 3, 2},    // 18, two tokens each
+                                         {{3, 1, 96}, 2, 3},    // 18
+                                         {{8, 2, 64}, 2, 5},    // 40; 20 causal rows per own segment
+                                         {{4, 1, 64}, 7, 1},    // 28: one block of 32, 4 lanes empty
+                                         {{2, 1, 128}, 31, 1},  // 62: 32 + 32 (2 empty)
+                                         {{6, 2, 64}, 16, 1},   // 48: 32 + 16
+                                         {{4, 1, 64}, 14, 1},   // 56: 32 + 16 + 8
+                                         {{4, 2, 128}, 16, 1},  // 32: one block
+                                         {{8, 1, 64}, 2, 4}}) { // 64 causal rows: 32 + 32
     check(rng, fan_out(rng, k, 100, 700, 80));
   }
 }

@@ -375,8 +375,10 @@ CASCADE_TARGET_END
 CASCADE_TARGET_AVX512_BEGIN
 namespace cascade::cpu::avx512 {
 
-// Row blocks of the tiled kernel: RV registers of 16 rows against NK keys (S in registers: RV * NK of 32).
-inline constexpr int kTileRV = 1, kTileNK = 16;
+// Row blocks of the tiled kernel: RV registers of 16 rows against NK keys (S in registers: RV * NK of 32). Two
+// registers share each broadcast key element: with one, the S product's loads (a broadcast per multiply-add)
+// kept pace with the two FMA ports and no more.
+inline constexpr int kTileRV = 2, kTileNK = 8;
 
 // One head with the tiled kernel: bf16 K/V as `bk` says (AMX tiles for head dims that are a multiple of 32, else
 // bf16 dot products, or f32), every other type on f32 multiply-adds with a narrow last block.
