@@ -36,7 +36,9 @@ enum class Bf16Kernel : uint8_t { f32 = 0, dot = 1, tiles = 2 };
 // 5: the softmax's exp2 never makes a subnormal (on Intel cores each took a microcode assist: the masked tiled
 //    kernel ran 2-3x faster after).
 // 6: the shared pass on AMX tiles for bf16 K/V where the CPU has them.
-inline constexpr int kKernelRevision = 6;
+// 7: the tiled kernel's row blocks of two registers on AVX-512, and work items handed out largest first (K2's
+//    shared pass 1.14x).
+inline constexpr int kKernelRevision = 7;
 
 // Per-thread scratch of the kernels: numbered buffers of floats, 64-byte aligned, grown on demand and kept.
 class Scratch {
