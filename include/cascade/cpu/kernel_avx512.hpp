@@ -286,15 +286,18 @@ void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int6
   uint16_t* kp = reinterpret_cast<uint16_t*>(sc.get(4, n_tile * d / 2));
   uint32_t* vp = reinterpret_cast<uint32_t*>(sc.get(5, n_tile * d / 2));
   uint32_t* bits = reinterpret_cast<uint32_t*>(sc.get(6, n_tile * RV));
-  // q rounded to bf16 (nearest even), head dims in pairs.
-  for (int64_t b = 0; b < n_blocks; ++b)
-    for (int64_t k = 0; k < d; k += 2)
-      for (int64_t x = 0; x < RB; ++x) {
-        const int64_t r = b * RB + x;
-        const uint32_t lo = r < n_rows ? Eigen::numext::bit_cast<uint16_t>(bf16(q[r * d + k])) : 0;
-        const uint32_t hi = r < n_rows ? Eigen::numext::bit_cast<uint16_t>(bf16(q[r * d + k + 1])) : 0;
-        qp[(b * d / 2 + k / 2) * RB + x] = lo | hi << 16;
-      }
+  // q rounded to bf16 (nearest even), head dims in pairs, lanes past n_rows zero; row by row, each query row
+  // read once in order (tile_attend's transpose).
+  std::fill(qp, qp + n_blocks * RB * d / 2, 0u);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* __restrict qr = q + r * d;
+    uint32_t* __restrict dst = qp + (r / RB) * RB * d / 2 + r % RB;
+    for (int64_t k = 0; k < d; k += 2) {
+      const uint32_t lo = Eigen::numext::bit_cast<uint16_t>(bf16(qr[k]));
+      const uint32_t hi = Eigen::numext::bit_cast<uint16_t>(bf16(qr[k + 1]));
+      dst[k / 2 * RB] = lo | hi << 16;
+    }
+  }
   std::fill(ot, ot + n_blocks * RB * d, 0.0f);
   std::fill(m, m + n_blocks * RB, kNegInf);
   std::fill(l, l + n_blocks * RB, 0.0f);
