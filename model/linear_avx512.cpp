@@ -34,9 +34,11 @@ void rows_int8(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, int64
 }
 
 // out[r * NT + t] = row i + r of W (bf16) . row t0 + t of xb (bf16), 32 pairs of products per instruction.
+// ahead: as tile_q4's.
 template <int R, int NT>
-LT void tile_bf16(const Matrix& w, int64_t i, const uint16_t* xb, int64_t t0, float* out) {
+LT void tile_bf16(const Matrix& w, int64_t i, const uint16_t* xb, int64_t t0, float* out, int64_t ahead) {
   const int64_t K = w.n_in;
+  const RowsAhead pf(w, ahead, R, K / 32);
   const uint8_t* row[R];
   for (int r = 0; r < R; ++r) row[r] = w.data + uint64_t(std::min(i + r, w.n_out - 1)) * w.row_bytes;
   __m512 acc[R][NT];
@@ -44,6 +46,7 @@ LT void tile_bf16(const Matrix& w, int64_t i, const uint16_t* xb, int64_t t0, fl
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 32 <= K; k += 32) {
+    pf.step(k / 32);
     __m512i wv[R];
     for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(row[r] + 2 * k);
     for (int t = 0; t < NT; ++t) {
@@ -67,11 +70,12 @@ LT void rows_bf16(const Matrix& w, const uint16_t* xb, int64_t i0, int64_t i1, i
     const int n_rows = int(std::min<int64_t>(R, i1 - i));
     for (int64_t t = t0; t < t1;) {
       const int nt = int(std::min<int64_t>(NT, t1 - t));
+      const int64_t ahead = t == t0 ? i + kAhead * R : w.n_out;
       switch (nt) {
-        case 4: tile_bf16<R, 4>(w, i, xb, t, out); break;
-        case 3: tile_bf16<R, 3>(w, i, xb, t, out); break;
-        case 2: tile_bf16<R, 2>(w, i, xb, t, out); break;
-        default: tile_bf16<R, 1>(w, i, xb, t, out); break;
+        case 4: tile_bf16<R, 4>(w, i, xb, t, out, ahead); break;
+        case 3: tile_bf16<R, 3>(w, i, xb, t, out, ahead); break;
+        case 2: tile_bf16<R, 2>(w, i, xb, t, out, ahead); break;
+        default: tile_bf16<R, 1>(w, i, xb, t, out, ahead); break;
       }
       for (int r = 0; r < n_rows; ++r)
         for (int j = 0; j < nt; ++j) y[(t + j) * w.n_out + i + r] = out[r * nt + j];

@@ -404,35 +404,15 @@ struct Panel {
   }
 };
 
-template <class Cd>
-LT void decode_panel(const Matrix& w, int64_t i, int R, Panel& p) {
-  const int64_t K = w.n_in, n_units = K / 32, n_groups = K / Cd::G;
-  for (int r = 0; r < R; ++r) {
-    uint8_t* code = p.code + r * p.k_pad;
-    float* sc = p.sc + r * p.g_pad;
-    float* off = p.off + r * p.g_pad;
-    if (i + r < w.n_out) {
-      const uint8_t* row = w.data + uint64_t(i + r) * w.row_bytes;
-      for (int64_t u = 0; u < n_units; ++u)
-        _mm256_store_si256(reinterpret_cast<__m256i*>(code + 32 * u), Cd::unit(row, u));
-      Cd::scales(row, 0, n_groups, sc, off);
-      std::memset(code + K, 0, size_t(p.k_pad - K));
-      std::fill(sc + n_groups, sc + p.g_pad, 0.0f);
-      std::fill(off + n_groups, off + p.g_pad, 0.0f);
-    } else {
-      std::memset(code, 0, size_t(p.k_pad));
-      std::fill(sc, sc + p.g_pad, 0.0f);
-      std::fill(off, off + p.g_pad, 0.0f);
-    }
-  }
-}
-
 // Rows [i, i + n) of w (contiguous in memory) asked for into the L2 cache a few lines per step of a tile's loop
-// over its codes, where prefetch_rows asks for them all at once. The few-rows products (tile_q4, tile_k) ask for
+// over its codes, rather than all at once. The few-rows products (tile_q4, tile_k) ask for
 // the tile kAhead tiles ahead this way: a burst of ~23 prefetches (4 rows of 576 q4_1 values) at each tile's
 // start held the loads behind it. 1 row of X, SmolLM2's q4_1 layers and output matrix from DRAM, two threads,
 // builds alternated, 3 rounds: 5.67-6.06 -> 5.20-5.28 ms (the output matrix alone 1.03-1.08 -> 0.88-0.97 ms).
-// Rows past the end are not asked for.
+// Panels too, a row of the panel kAhead ahead per row decoded (decode_panel): 8 rows of X, SmolLM2's layers,
+// q4_1 12.4-12.7 -> 11.1-11.5 ms, q8_0 15.3-17.0 -> 14.0-14.7 ms; 32 rows 2-5% faster. And the float weights'
+// tiles (tile_float, tile_bf16), which asked for nothing ahead: f16 at 1 row 17.8-18.2 -> 13.3-13.4 ms, at 8
+// rows 31-33 -> 24 ms; bf16 on vdpbf16ps at 8 rows 37 -> 23 ms. Rows past the end are not asked for.
 struct RowsAhead {
   const char* base = nullptr;
   int64_t n_lines = 0, per_step = 0;
@@ -451,6 +431,32 @@ struct RowsAhead {
     for (int64_t l = s * per_step; l < l1; ++l) _mm_prefetch(base + 64 * l, _MM_HINT_T1);
   }
 };
+
+// Decodes rows [i, i + R) of w into p, asking meanwhile for rows [ahead, ahead + R) (none for w.n_out).
+template <class Cd>
+LT void decode_panel(const Matrix& w, int64_t i, int R, Panel& p, int64_t ahead) {
+  const RowsAhead pf(w, ahead, R, R);
+  const int64_t K = w.n_in, n_units = K / 32, n_groups = K / Cd::G;
+  for (int r = 0; r < R; ++r) {
+    pf.step(r);
+    uint8_t* code = p.code + r * p.k_pad;
+    float* sc = p.sc + r * p.g_pad;
+    float* off = p.off + r * p.g_pad;
+    if (i + r < w.n_out) {
+      const uint8_t* row = w.data + uint64_t(i + r) * w.row_bytes;
+      for (int64_t u = 0; u < n_units; ++u)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(code + 32 * u), Cd::unit(row, u));
+      Cd::scales(row, 0, n_groups, sc, off);
+      std::memset(code + K, 0, size_t(p.k_pad - K));
+      std::fill(sc + n_groups, sc + p.g_pad, 0.0f);
+      std::fill(off + n_groups, off + p.g_pad, 0.0f);
+    } else {
+      std::memset(code, 0, size_t(p.k_pad));
+      std::fill(sc, sc + p.g_pad, 0.0f);
+      std::fill(off, off + p.g_pad, 0.0f);
+    }
+  }
+}
 
 // --- the int8 product, by lanes of K ---------------------------------------------------------------------
 
@@ -735,16 +741,8 @@ struct Shape {
 // SmolLM2's layers: 21.0 -> 18.1-19.3 ms for 2 to 16 panels ahead (prefetching into L1 instead was slower).
 // 1 row of X, two threads, SmolLM2's lm_head from DRAM, 4 tiles of 4 rows ahead (with the unchecked chunks of
 // tile_k; builds alternated, 3 rounds): q4_1 8.7-11.1 -> 10.0-16.1 GB/s, q8_0 10.6-12.1 -> 14.1-16.2 GB/s.
-// Panels are asked for all at once (prefetch_rows), the few-rows tiles a few lines per step (RowsAhead).
+// Both ask for them a few lines per step of their loops (RowsAhead).
 inline constexpr int64_t kAhead = 4;
-
-// Asks for rows [i, i + n) of w (contiguous in memory) into the L2 cache; rows past the end are not asked for.
-inline void prefetch_rows(const Matrix& w, int64_t i, int64_t n) {
-  if (i >= w.n_out) return;
-  const char* a = reinterpret_cast<const char*>(w.data + uint64_t(i) * w.row_bytes);
-  const char* e = reinterpret_cast<const char*>(w.data + uint64_t(std::min(i + n, w.n_out)) * w.row_bytes);
-  for (const char* c = a; c < e; c += 64) _mm_prefetch(c, _MM_HINT_T1);
-}
 
 template <class S, TensorType T, bool kSigned>
 LT void rows_typed(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, int64_t t0, int64_t t1, float* y) {
@@ -803,8 +801,7 @@ LT void rows_typed(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, i
   for (int64_t ic = i0; ic < i1; ic += kStage) {
     const int64_t ie = std::min(i1, ic + kStage);
     for (int64_t i = ic; i < ie; i += R) {
-      prefetch_rows(w, i + kAhead * R, R);
-      decode_panel<Cd>(w, i, R, p);
+      decode_panel<Cd>(w, i, R, p, i + kAhead * R);
       const int n_rows = int(std::min<int64_t>(R, ie - i));
       for (int64_t t = t0; t < t1;) {
         const int tv = S::tvx > 1 && t1 - t > L ? 2 : 1;
@@ -926,11 +923,13 @@ inline float w_at(const uint8_t* row, int64_t k) {
   }
 }
 
-// out[r * NT + t] = row i + r of W . row t0 + t of X, 8 values at a time (the tail of K one at a time).
+// out[r * NT + t] = row i + r of W . row t0 + t of X, 8 values at a time (the tail of K one at a time). ahead:
+// as tile_q4's.
 template <TensorType T, int R, int NT>
-LT void tile_float(const Matrix& w, int64_t i, const float* x, int64_t t0, float* out) {
+LT void tile_float(const Matrix& w, int64_t i, const float* x, int64_t t0, float* out, int64_t ahead) {
   constexpr int64_t es = T == TensorType::F32 ? 4 : 2;
   const int64_t K = w.n_in;
+  const RowsAhead pf(w, ahead, R, K / 8);
   const uint8_t* row[R];
   for (int r = 0; r < R; ++r) row[r] = w.data + uint64_t(std::min(i + r, w.n_out - 1)) * w.row_bytes;
   __m256 acc[R][NT];
@@ -938,6 +937,7 @@ LT void tile_float(const Matrix& w, int64_t i, const float* x, int64_t t0, float
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
+    pf.step(k / 8);
     __m256 wv[R];
     for (int r = 0; r < R; ++r) wv[r] = load_w8<T>(row[r] + es * k);
     for (int t = 0; t < NT; ++t) {
@@ -962,11 +962,12 @@ LT void rows_float_typed(const Matrix& w, const float* x, int64_t i0, int64_t i1
     const int n_rows = int(std::min<int64_t>(R, i1 - i));
     for (int64_t t = t0; t < t1;) {
       const int nt = int(std::min<int64_t>(NT, t1 - t));
+      const int64_t ahead = t == t0 ? i + kAhead * R : w.n_out;
       switch (nt) {
-        case 4: tile_float<T, R, 4>(w, i, x, t, out); break;
-        case 3: tile_float<T, R, 3>(w, i, x, t, out); break;
-        case 2: tile_float<T, R, 2>(w, i, x, t, out); break;
-        default: tile_float<T, R, 1>(w, i, x, t, out); break;
+        case 4: tile_float<T, R, 4>(w, i, x, t, out, ahead); break;
+        case 3: tile_float<T, R, 3>(w, i, x, t, out, ahead); break;
+        case 2: tile_float<T, R, 2>(w, i, x, t, out, ahead); break;
+        default: tile_float<T, R, 1>(w, i, x, t, out, ahead); break;
       }
       for (int r = 0; r < n_rows; ++r)
         for (int j = 0; j < nt; ++j) y[(t + j) * w.n_out + i + r] = out[r * nt + j];
