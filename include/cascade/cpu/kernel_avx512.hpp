@@ -306,7 +306,9 @@ void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int6
     const int64_t n = std::min({kTileKeys, t1 - a, kv.run_length(a)});
     const int64_t n_pad = (n + NK - 1) / NK * NK;
     bf16_panels(kv, kvh, a, n, n_pad, d, kp, vp);
-    avx512::prefetch_tile(kv, kvh, a + n, std::min(t1, a + n + kTileKeys));
+    // the next tile asked for a share per step (TilePrefetch), over the steps of every row block
+    avx512::TilePrefetch pf;
+    pf.start(kv, kvh, a + n, std::min(t1, a + n + kTileKeys), n_blocks * (n_pad / NK));
     for (int64_t b = 0; b < n_blocks; ++b) {
       const int64_t r0 = b * RB, rows = std::min(RB, n_rows - r0);
       const bool full = mask.all_visible(r0, rows, a, n);
@@ -317,6 +319,7 @@ void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int6
           else std::fill(bits + v * n_tile, bits + v * n_tile + n, 0u);
         }
       for (int64_t c = 0; c < n; c += NK) {
+        pf.step();
         const int nk = int(std::min<int64_t>(NK, n - c));
         tile_block_bf16<D, RV, NK>(qp + b * RB * d / 2, kp + c * d, vp + c / 2 * d, d, qs, nk,
                                    full ? nullptr : bits + c, n_tile, ot + b * RB * d, m + r0, l + r0);
