@@ -24,7 +24,7 @@ if [ "${1:-}" = "--build-only" ]; then build_only=1; shift; fi
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n 2,15p "$0"; exit 0; fi
 
 mkdir -p "$cache" 2>/dev/null || die "cannot create the cache folder $cache"
-for tool in cmake c++ tar python3; do
+for tool in cmake cc c++ tar python3; do
   command -v "$tool" >/dev/null 2>&1 || die "$tool is not installed (needed to build llama.cpp)"
 done
 
@@ -44,13 +44,21 @@ if [ ! -f "$src/include/llama.h" ]; then
 fi
 
 # --- llama.cpp, CPU only ---------------------------------------------------------------------------------
-build="$cache/build-$version"
+# Without its AMX matrix products: on a CPU with AMX, GGML_NATIVE compiles them in, and in this version their
+# first tile load on a worker thread dies of SIGILL (the tile configuration is not in place; llama.cpp pull
+# request #26954). Its AVX-512 products run instead, as on any CPU without AMX.
+no_amx=""
+if echo 'int main(void) { return 0; }' | cc -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 -x c - -o /dev/null 2>/dev/null; then
+  no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+fi
+build="$cache/build-$version-no-amx"
 log="$build/build.log"
 mkdir -p "$build"
 if [ ! -f "$build/bin/libllama.so" ]; then
   echo "llama-cpp.sh: building llama.cpp in $build (a few minutes)" >&2
   {
     cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON \
+      -DCMAKE_C_FLAGS="$no_amx" -DCMAKE_CXX_FLAGS="$no_amx" \
       -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF -DGGML_OPENCL=OFF \
       -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
       -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF &&
