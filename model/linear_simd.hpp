@@ -439,8 +439,8 @@ struct Panel {
 };
 
 // Rows [i, i + n) of w (contiguous in memory) asked for into the L2 cache a few lines per step of a tile's loop
-// over its codes, rather than all at once. The few-rows products (tile_q4, tile_k) ask for
-// the tile kAhead tiles ahead this way: a burst of ~23 prefetches (4 rows of 576 q4_1 values) at each tile's
+// over its codes, rather than all at once. The few-rows products (tile_q4, tile_k) ask for the tile kAhead
+// tiles ahead this way: a burst of ~23 prefetches (4 rows of 576 q4_1 values) at each tile's
 // start held the loads behind it. 1 row of X, SmolLM2's q4_1 layers and output matrix from DRAM, two threads,
 // builds alternated, 3 rounds: 5.67-6.06 -> 5.20-5.28 ms (the output matrix alone 1.03-1.08 -> 0.88-0.97 ms).
 // Panels too, a row of the panel kAhead ahead per row decoded (decode_panel): 8 rows of X, SmolLM2's layers,
@@ -450,7 +450,6 @@ struct Panel {
 struct RowsAhead {
   const char* base = nullptr;
   int64_t n_lines = 0, per_step = 0;
-  RowsAhead() = default;
   RowsAhead(const Matrix& w, int64_t i, int64_t n, int64_t n_steps) {
     if (i >= w.n_out || n_steps <= 0) return;
     const auto a = reinterpret_cast<uintptr_t>(w.data + uint64_t(i) * w.row_bytes) & ~uintptr_t(63);
