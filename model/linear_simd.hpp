@@ -16,7 +16,8 @@
 //       same columns of one row of X; R weight rows x T rows of X accumulate in registers, f32 per lane, and the
 //       group scales are spread over the lanes they cover (tile_k). q4_0 and q4_1 on 512-bit vectors instead
 //       take four blocks a step, their low and high nibbles as two vectors against the activations' halves of
-//       each block (tile_q4).
+//       each block (tile_q4); q4_K and q6_K take 128 values a step, each nibble of a 64-byte load against the
+//       activations' values it meets, each half of the dot product in one group (tile_q4k, tile_q6k).
 //   by lanes of X (more rows)  a vector holds 4 consecutive activations of 8 or 16 rows of X (Int8Form's lane
 //       layout); a weight's 4 codes are broadcast to all lanes; R weight rows x TV vectors of X rows accumulate
 //       one group in int32, then scale it into f32.
@@ -389,14 +390,25 @@ struct Codes<T, kSigned> {
         _mm256_storeu_ps(off + 8 * h, _mm256_mul_ps(_mm256_set1_ps(-32.0f), v));
       }
     } else {
-      const uint32_t w0 = uint32_t(load_i32(b + 4)), w1 = uint32_t(load_i32(b + 8)), w2 = uint32_t(load_i32(b + 12));
-      const uint32_t s_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
-      const uint32_t s_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u);
-      const uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
-      const __m128i sb = _mm_set_epi32(0, 0, int(s_hi), int(s_lo)), mb = _mm_set_epi32(0, 0, int(m_hi), int(m_lo));
-      _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_set1_ps(half(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sb))));
-      _mm256_storeu_ps(off, _mm256_mul_ps(_mm256_set1_ps(-half(b + 2)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mb))));
+      __m256 s, o;
+      block_scales8(b, s, o);
+      _mm256_storeu_ps(sc, s);
+      _mm256_storeu_ps(off, o);
     }
+  }
+  // q4_K / q5_K: the eight groups' scales and offsets of block b, in registers.
+  LT static void block_scales8(const uint8_t* b, __m256& sc, __m256& off) {
+    static_assert(T != TensorType::Q6_K);
+    uint16_t d, dmin;
+    std::memcpy(&d, b, 2);
+    std::memcpy(&dmin, b + 2, 2);
+    const uint32_t w0 = uint32_t(load_i32(b + 4)), w1 = uint32_t(load_i32(b + 8)), w2 = uint32_t(load_i32(b + 12));
+    const uint32_t s_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
+    const uint32_t s_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u);
+    const uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
+    const __m128i sb = _mm_set_epi32(0, 0, int(s_hi), int(s_lo)), mb = _mm_set_epi32(0, 0, int(m_hi), int(m_lo));
+    sc = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sb)));
+    off = _mm256_mul_ps(_mm256_set1_ps(-_cvtsh_ss(dmin)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mb)));
   }
   LT static void scales(const uint8_t* row, int64_t g0, int64_t n, float* sc, float* off) {
     constexpr int64_t per = 256 / G;  // groups per block
@@ -622,6 +634,155 @@ LT void tile_q4(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, float
       for (int j = 0; j < 4; ++j) out[(r + j) * T + t] = sums[j];
     }
 }
+
+// The activations' codes in the order tile_q4k reads them: per 128 values of each row of X, the 64 its low
+// nibbles meet (values 0-31 and 64-95) and then the 64 its high nibbles meet (32-63 and 96-127).
+LT inline void q4k_activations(const Int8Form& x, int64_t t0, int64_t t1, std::vector<int8_t>& xp) {
+  const int64_t K = x.n_in;
+  xp.resize(size_t((t1 - t0) * K));
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t c = 0; c < K; c += 128) {
+      const int8_t* src = x.q.data() + t * K + c;
+      int8_t* dst = xp.data() + (t - t0) * K + c;
+      const __m512i a = _mm512_loadu_si512(src), b = _mm512_loadu_si512(src + 64);
+      _mm512_storeu_si512(dst, _mm512_shuffle_i64x2(a, b, 0x44));
+      _mm512_storeu_si512(dst + 64, _mm512_shuffle_i64x2(a, b, 0xee));
+    }
+}
+
+// tile_k for q4_K on 512-bit vectors, a block's 128 code bytes in two 64-byte loads. Bytes 0-31 of a load hold
+// groups 4p and 4p + 1 of the block (low and high nibbles), bytes 32-63 groups 4p + 2 and 4p + 3 (p = 0, 1: which
+// load), so its low nibbles against the activations' values of groups 4p and 4p + 2, and its high nibbles
+// against 4p + 1 and 4p + 3 (q4k_activations' order), are two dot products whose lanes 0-7 and 8-15 each belong
+// to one group. Each is scaled by its two groups' products (scale times the activations' d, one permute of the
+// block's eight). Per 128 values and row: a load, three mask/shift ops, two dot products, two converts, two FMAs,
+// where tile_k took four decodes of 32 codes, two inserts, two permutes, two converts and two FMAs. A block's
+// scales and offsets come straight into registers (Codes::block_scales8), its offsets against the activations'
+// group sums in eight lanes beside.
+// xp: q4k_activations' codes of row t0 of X (then t0 + 1 ...). ahead: as tile_q4's.
+template <class D, int R, int T>
+LT void tile_q4k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, const int8_t* xp, float* out,
+                 int64_t ahead) {
+  using Cd = Codes<TensorType::Q4_K>;
+  constexpr int64_t bb = Cd::bb;
+  const int64_t K = x.n_in, nb = K / 256, ng = K / 32;
+  const uint8_t* row[R];
+  for (int r = 0; r < R; ++r) row[r] = w.data + uint64_t(std::min(i + r, w.n_out - 1)) * w.row_bytes;
+  __m512 acc[R][T];
+  __m256 acc_off[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps(), acc_off[r][t] = _mm256_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(15);
+  // lanes 0-7 and 8-15: the groups of the low (lo) and high (hi) nibbles of load p
+  const __m512i lo0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+  const __m512i hi0 = _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m512i four = _mm512_set1_epi32(4);
+  const __m512i lo1 = _mm512_add_epi32(lo0, four), hi1 = _mm512_add_epi32(hi0, four);
+  const RowsAhead pf(w, ahead, R, nb);
+  for (int64_t b = 0; b < nb; ++b) {
+    pf.step(b);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = row[r] + b * bb;
+      __m256 sc, off;
+      Cd::block_scales8(blk, sc, off);
+      const __m512i v0 = _mm512_loadu_si512(blk + 16), v1 = _mm512_loadu_si512(blk + 80);
+      const __m512i l0 = _mm512_and_si512(v0, m4), h0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
+      const __m512i l1 = _mm512_and_si512(v1, m4), h1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+      for (int t = 0; t < T; ++t) {
+        const int64_t xo = (t0 + t) * ng + 8 * b;
+        const __m512 c = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(x.d.data() + xo)));
+        acc_off[r][t] = _mm256_fmadd_ps(off, _mm256_loadu_ps(x.s32.data() + xo), acc_off[r][t]);
+        const int8_t* xb = xp + t * K + 256 * b;
+        const __m512i z = _mm512_setzero_si512();
+        __m512 a = acc[r][t];
+        a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(D::dot(z, l0, _mm512_loadu_si512(xb))), _mm512_permutexvar_ps(lo0, c), a);
+        a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(D::dot(z, h0, _mm512_loadu_si512(xb + 64))), _mm512_permutexvar_ps(hi0, c), a);
+        a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(D::dot(z, l1, _mm512_loadu_si512(xb + 128))), _mm512_permutexvar_ps(lo1, c), a);
+        a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(D::dot(z, h1, _mm512_loadu_si512(xb + 192))), _mm512_permutexvar_ps(hi1, c), a);
+        acc[r][t] = a;
+      }
+    }
+  }
+  static_assert(R % 4 == 0);
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; r += 4) {
+      const auto whole = [&](int j) LT { return _mm512_add_ps(acc[r + j][t], _mm512_zextps256_ps512(acc_off[r + j][t])); };
+      alignas(16) float sums[4];
+      _mm_store_ps(sums, hsum4(whole(0), whole(1), whole(2), whole(3)));
+      for (int j = 0; j < 4; ++j) out[(r + j) * T + t] = sums[j];
+    }
+}
+
+// tile_k for q6_K on 512-bit vectors, as tile_q4k. Half h of a block (values 128h .. 128h + 127) is one 64-byte
+// load of ql (its low nibbles are values 0-63 of the half, its high nibbles 64-127, both in the activations'
+// own order) and 32 bytes of qh, broadcast to both 256-bit halves, that give the codes' bits 4 and 5: bits 0-1
+// for values 0-31, 2-3 for 32-63, 4-5 for 64-95, 6-7 for 96-127, each shifted into place by a per-half shift
+// count. Lanes 4m .. 4m + 3 of a dot product belong to group m of its 64 values (groups of 16).
+template <class D, int R, int T>
+LT void tile_q6k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, float* out, int64_t ahead) {
+  constexpr int64_t bb = Codes<TensorType::Q6_K>::bb;
+  const int64_t K = x.n_in, nb = K / 256, n32 = K / 32, n16 = K / 16;
+  const uint8_t* row[R];
+  for (int r = 0; r < R; ++r) row[r] = w.data + uint64_t(std::min(i + r, w.n_out - 1)) * w.row_bytes;
+  __m512 acc[R][T], acc_off[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps(), acc_off[r][t] = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+  // words of the 256-bit halves: bits 0-1 (2-3) up to 4-5 for the low nibbles, bits 4-5 (6-7) for the high
+  const __m512i up_lo = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+  const __m512i down_hi = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+  // the groups of 16 of each lane, for the low (values 0-63) and high (64-127) nibbles of half 0; +8 for half 1
+  const __m512i g_lo = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i four = _mm512_set1_epi32(4), eight = _mm512_set1_epi32(8);
+  const __m512i g[4] = {g_lo, _mm512_add_epi32(g_lo, four), _mm512_add_epi32(g_lo, eight),
+                        _mm512_add_epi32(g_lo, _mm512_add_epi32(four, eight))};
+  // group m of 16 has the activations' d of block m / 2
+  const __m512i d_of_group = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const RowsAhead pf(w, ahead, R, nb);
+  for (int64_t b = 0; b < nb; ++b) {
+    pf.step(b);
+    __m512 dx[T];
+    for (int t = 0; t < T; ++t)
+      dx[t] = _mm512_permutexvar_ps(d_of_group, _mm512_castps256_ps512(_mm256_loadu_ps(x.d.data() + (t0 + t) * n32 + 8 * b)));
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = row[r] + b * bb;
+      uint16_t dh;
+      std::memcpy(&dh, blk + 208, 2);
+      const __m512 sc = _mm512_mul_ps(
+          _mm512_set1_ps(_cvtsh_ss(dh)),
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)))));
+      const __m512 off = _mm512_mul_ps(_mm512_set1_ps(-32.0f), sc);
+      __m512i code[4];  // half 0 low, half 0 high, half 1 low, half 1 high
+      for (int h = 0; h < 2; ++h) {
+        const __m512i v = _mm512_loadu_si512(blk + 64 * h);
+        const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h)));
+        const __m512i t_lo = _mm512_and_si512(_mm512_sllv_epi16(q, up_lo), m30);
+        const __m512i t_hi = _mm512_and_si512(_mm512_srlv_epi16(q, down_hi), m30);
+        code[2 * h] = _mm512_ternarylogic_epi32(v, m4, t_lo, 0xea);  // (v & 15) | t_lo
+        code[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), m4, t_hi, 0xea);
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m512 c = _mm512_mul_ps(sc, dx[t]);
+        acc_off[r][t] = _mm512_fmadd_ps(off, _mm512_loadu_ps(x.s16.data() + (t0 + t) * n16 + 16 * b), acc_off[r][t]);
+        const int8_t* xb = x.q.data() + (t0 + t) * K + 256 * b;
+        const __m512i z = _mm512_setzero_si512();
+        __m512 a = acc[r][t];
+        for (int k = 0; k < 4; ++k)
+          a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(D::dot(z, code[k], _mm512_loadu_si512(xb + 64 * k))),
+                              _mm512_permutexvar_ps(g[k], c), a);
+        acc[r][t] = a;
+      }
+    }
+  }
+  static_assert(R % 4 == 0);
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; r += 4) {
+      const auto whole = [&](int j) LT { return _mm512_add_ps(acc[r + j][t], acc_off[r + j][t]); };
+      alignas(16) float sums[4];
+      _mm_store_ps(sums, hsum4(whole(0), whole(1), whole(2), whole(3)));
+      for (int j = 0; j < 4; ++j) out[(r + j) * T + t] = sums[j];
+    }
+}
 #endif
 
 // out[r * T + t] = row i + r of W . row t0 + t of X (natural layout), for R rows and T rows of X, the codes
@@ -790,6 +951,9 @@ LT void rows_typed(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, i
     constexpr bool q4 = (T == TensorType::Q4_0 || T == TensorType::Q4_1) && S::KV::L == 16;
     thread_local std::vector<float> comb;  // tile_q4's scratch, taken once per call rather than per tile
     if constexpr (q4) comb.resize(size_t(q4_comb_floats(R * 3, w.n_in)));
+    constexpr bool q4k = T == TensorType::Q4_K && S::KV::L == 16;
+    thread_local std::vector<int8_t> xp;  // tile_q4k's activations
+    if constexpr (q4k) q4k_activations(x, t0, t1, xp);
 #endif
     const auto tile = [&]<int NT>(int64_t i, int64_t t) LT {
       // the tile kAhead ahead is asked for during the first tile of rows of X
@@ -797,6 +961,10 @@ LT void rows_typed(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, i
 #if CASCADE_LINEAR_512
       if constexpr (q4)
         tile_q4<typename S::KD, Cd, R, NT>(w, i, x, t, out, comb.data(), ahead);
+      else if constexpr (q4k)
+        tile_q4k<typename S::KD, R, NT>(w, i, x, t, xp.data() + (t - t0) * w.n_in, out, ahead);
+      else if constexpr (T == TensorType::Q6_K && S::KV::L == 16)
+        tile_q6k<typename S::KD, R, NT>(w, i, x, t, out, ahead);
       else
 #endif
         tile_k<typename S::KV, typename S::KD, Cd, R, NT>(w, i, x, t, out, ahead);
