@@ -17,7 +17,8 @@
 //       group scales are spread over the lanes they cover (tile_k). q4_0 and q4_1 on 512-bit vectors instead
 //       take four blocks a step, their low and high nibbles as two vectors against the activations' halves of
 //       each block (tile_q4); q4_K and q6_K take 128 values a step, each nibble of a 64-byte load against the
-//       activations' values it meets, each half of the dot product in one group (tile_q4k, tile_q6k).
+//       activations' values it meets, each half of the dot product in one group (tile_q4k, tile_q6k); q5_K
+//       as q4_K.
 //   by lanes of X (more rows)  a vector holds 4 consecutive activations of 8 or 16 rows of X (Int8Form's lane
 //       layout); a weight's 4 codes are broadcast to all lanes; R weight rows x TV vectors of X rows accumulate
 //       one group in int32, then scale it into f32.
@@ -658,13 +659,17 @@ LT inline void q4k_activations(const Int8Form& x, int64_t t0, int64_t t1, std::v
 // block's eight). Per 128 values and row: a load, three mask/shift ops, two dot products, two converts, two FMAs,
 // where tile_k took four decodes of 32 codes, two inserts, two permutes, two converts and two FMAs. A block's
 // scales and offsets come straight into registers (Codes::block_scales8), its offsets against the activations'
-// group sums in eight lanes beside.
+// group sums in eight lanes beside. q5_K too: its fifth bits (bit u of qh[l] for value l of group u) come from
+// qh broadcast to both 256-bit halves, a per-half shift count bringing each group's bit to bit 4.
 // xp: q4k_activations' codes of row t0 of X (then t0 + 1 ...). ahead: as tile_q4's.
-template <class D, int R, int T>
+template <class D, TensorType TT, int R, int T>
 LT void tile_q4k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, const int8_t* xp, float* out,
                  int64_t ahead) {
-  using Cd = Codes<TensorType::Q4_K>;
+  static_assert(TT == TensorType::Q4_K || TT == TensorType::Q5_K);
+  using Cd = Codes<TT>;
   constexpr int64_t bb = Cd::bb;
+  constexpr bool q5 = TT == TensorType::Q5_K;
+  constexpr int64_t qs = q5 ? 48 : 16;  // where the codes' low four bits start
   const int64_t K = x.n_in, nb = K / 256, ng = K / 32;
   const uint8_t* row[R];
   for (int r = 0; r < R; ++r) row[r] = w.data + uint64_t(std::min(i + r, w.n_out - 1)) * w.row_bytes;
@@ -678,6 +683,10 @@ LT void tile_q4k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, cons
   const __m512i hi0 = _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3);
   const __m512i four = _mm512_set1_epi32(4);
   const __m512i lo1 = _mm512_add_epi32(lo0, four), hi1 = _mm512_add_epi32(hi0, four);
+  // q5_K: the word shifts that bring bit u of qh to bit 4, for the groups u of lo0, hi0 (left) and lo1, hi1 (right)
+  const auto halves = [](int a, int b) LT { return _mm512_inserti64x4(_mm512_set1_epi16(short(a)), _mm256_set1_epi16(short(b)), 1); };
+  const __m512i up_l0 = halves(4, 2), up_h0 = halves(3, 1), down_l1 = halves(0, 2), down_h1 = halves(1, 3);
+  const __m512i m10 = _mm512_set1_epi8(0x10);
   const RowsAhead pf(w, ahead, R, nb);
   for (int64_t b = 0; b < nb; ++b) {
     pf.step(b);
@@ -685,9 +694,21 @@ LT void tile_q4k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, cons
       const uint8_t* blk = row[r] + b * bb;
       __m256 sc, off;
       Cd::block_scales8(blk, sc, off);
-      const __m512i v0 = _mm512_loadu_si512(blk + 16), v1 = _mm512_loadu_si512(blk + 80);
-      const __m512i l0 = _mm512_and_si512(v0, m4), h0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
-      const __m512i l1 = _mm512_and_si512(v1, m4), h1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+      const __m512i v0 = _mm512_loadu_si512(blk + qs), v1 = _mm512_loadu_si512(blk + qs + 64);
+      __m512i l0, h0, l1, h1;
+      if constexpr (q5) {
+        const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)));
+        const auto with = [&](__m512i nib, __m512i bit) LT {
+          return _mm512_ternarylogic_epi32(nib, m4, _mm512_and_si512(bit, m10), 0xea);  // (nib & 15) | bit
+        };
+        l0 = with(v0, _mm512_sllv_epi16(q, up_l0));
+        h0 = with(_mm512_srli_epi16(v0, 4), _mm512_sllv_epi16(q, up_h0));
+        l1 = with(v1, _mm512_srlv_epi16(q, down_l1));
+        h1 = with(_mm512_srli_epi16(v1, 4), _mm512_srlv_epi16(q, down_h1));
+      } else {
+        l0 = _mm512_and_si512(v0, m4), h0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
+        l1 = _mm512_and_si512(v1, m4), h1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+      }
       for (int t = 0; t < T; ++t) {
         const int64_t xo = (t0 + t) * ng + 8 * b;
         const __m512 c = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(x.d.data() + xo)));
@@ -951,7 +972,7 @@ LT void rows_typed(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, i
     constexpr bool q4 = (T == TensorType::Q4_0 || T == TensorType::Q4_1) && S::KV::L == 16;
     thread_local std::vector<float> comb;  // tile_q4's scratch, taken once per call rather than per tile
     if constexpr (q4) comb.resize(size_t(q4_comb_floats(R * 3, w.n_in)));
-    constexpr bool q4k = T == TensorType::Q4_K && S::KV::L == 16;
+    constexpr bool q4k = (T == TensorType::Q4_K || T == TensorType::Q5_K) && S::KV::L == 16;
     thread_local std::vector<int8_t> xp;  // tile_q4k's activations
     if constexpr (q4k) q4k_activations(x, t0, t1, xp);
 #endif
@@ -962,7 +983,7 @@ LT void rows_typed(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, i
       if constexpr (q4)
         tile_q4<typename S::KD, Cd, R, NT>(w, i, x, t, out, comb.data(), ahead);
       else if constexpr (q4k)
-        tile_q4k<typename S::KD, R, NT>(w, i, x, t, xp.data() + (t - t0) * w.n_in, out, ahead);
+        tile_q4k<typename S::KD, T, R, NT>(w, i, x, t, xp.data() + (t - t0) * w.n_in, out, ahead);
       else if constexpr (T == TensorType::Q6_K && S::KV::L == 16)
         tile_q6k<typename S::KD, R, NT>(w, i, x, t, out, ahead);
       else
