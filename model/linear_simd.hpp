@@ -544,6 +544,23 @@ LT inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
   return _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, q));
 }
 
+// out[r * T + t] = the sum of the lanes of acc[r][t], for the R (a multiple of 4) x T sums of a tile.
+template <int R, int T>
+LT inline void store_sums(const __m512 (&acc)[R][T], float* out) {
+  static_assert(R % 4 == 0);
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; r += 4) {
+      alignas(16) float sums[4];
+      _mm_store_ps(sums, hsum4(acc[r][t], acc[r + 1][t], acc[r + 2][t], acc[r + 3][t]));
+      for (int j = 0; j < 4; ++j) out[(r + j) * T + t] = sums[j];
+    }
+}
+
+// Word shift counts: a in the low 256-bit half, b in the high one.
+LT inline __m512i word_halves(int a, int b) {
+  return _mm512_inserti64x4(_mm512_set1_epi16(short(a)), _mm256_set1_epi16(short(b)), 1);
+}
+
 // The scratch tile_q4 needs for `rows` rows x rows of X: each one's group products, whole windows of 16.
 inline int64_t q4_comb_floats(int64_t rows, int64_t n_in) { return rows * ((n_in / 32 + 15) / 16 * 16); }
 
@@ -627,13 +644,7 @@ LT void tile_q4(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, float
     if (limit - row[R - 1] >= (n_full + 1) * 4 * bb) quad.template operator()<false>(n_full);  // row[R - 1]: the last
     else quad.template operator()<true>(n_full);
   }
-  static_assert(R % 4 == 0);
-  for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; r += 4) {
-      alignas(16) float sums[4];
-      _mm_store_ps(sums, hsum4(acc[r][t], acc[r + 1][t], acc[r + 2][t], acc[r + 3][t]));
-      for (int j = 0; j < 4; ++j) out[(r + j) * T + t] = sums[j];
-    }
+  store_sums<R, T>(acc, out);
 }
 
 // The activations' codes in the order tile_q4k reads them: per 128 values of each row of X, the 64 its low
@@ -684,8 +695,8 @@ LT void tile_q4k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, cons
   const __m512i four = _mm512_set1_epi32(4);
   const __m512i lo1 = _mm512_add_epi32(lo0, four), hi1 = _mm512_add_epi32(hi0, four);
   // q5_K: the word shifts that bring bit u of qh to bit 4, for the groups u of lo0, hi0 (left) and lo1, hi1 (right)
-  const auto halves = [](int a, int b) LT { return _mm512_inserti64x4(_mm512_set1_epi16(short(a)), _mm256_set1_epi16(short(b)), 1); };
-  const __m512i up_l0 = halves(4, 2), up_h0 = halves(3, 1), down_l1 = halves(0, 2), down_h1 = halves(1, 3);
+  const __m512i up_l0 = word_halves(4, 2), up_h0 = word_halves(3, 1);
+  const __m512i down_l1 = word_halves(0, 2), down_h1 = word_halves(1, 3);
   const __m512i m10 = _mm512_set1_epi8(0x10);
   const RowsAhead pf(w, ahead, R, nb);
   for (int64_t b = 0; b < nb; ++b) {
@@ -724,14 +735,9 @@ LT void tile_q4k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, cons
       }
     }
   }
-  static_assert(R % 4 == 0);
-  for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; r += 4) {
-      const auto whole = [&](int j) LT { return _mm512_add_ps(acc[r + j][t], _mm512_zextps256_ps512(acc_off[r + j][t])); };
-      alignas(16) float sums[4];
-      _mm_store_ps(sums, hsum4(whole(0), whole(1), whole(2), whole(3)));
-      for (int j = 0; j < 4; ++j) out[(r + j) * T + t] = sums[j];
-    }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_add_ps(acc[r][t], _mm512_zextps256_ps512(acc_off[r][t]));
+  store_sums<R, T>(acc, out);
 }
 
 // tile_k for q6_K on 512-bit vectors, as tile_q4k. Half h of a block (values 128h .. 128h + 127) is one 64-byte
@@ -750,8 +756,7 @@ LT void tile_q6k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, floa
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps(), acc_off[r][t] = _mm512_setzero_ps();
   const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
   // words of the 256-bit halves: bits 0-1 (2-3) up to 4-5 for the low nibbles, bits 4-5 (6-7) for the high
-  const __m512i up_lo = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-  const __m512i down_hi = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+  const __m512i up_lo = word_halves(4, 2), down_hi = word_halves(0, 2);
   // the groups of 16 of each lane, for the low (values 0-63) and high (64-127) nibbles of half 0; +8 for half 1
   const __m512i g_lo = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const __m512i four = _mm512_set1_epi32(4), eight = _mm512_set1_epi32(8);
@@ -795,14 +800,9 @@ LT void tile_q6k(const Matrix& w, int64_t i, const Int8Form& x, int64_t t0, floa
       }
     }
   }
-  static_assert(R % 4 == 0);
-  for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; r += 4) {
-      const auto whole = [&](int j) LT { return _mm512_add_ps(acc[r + j][t], acc_off[r + j][t]); };
-      alignas(16) float sums[4];
-      _mm_store_ps(sums, hsum4(whole(0), whole(1), whole(2), whole(3)));
-      for (int j = 0; j < 4; ++j) out[(r + j) * T + t] = sums[j];
-    }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_add_ps(acc[r][t], acc_off[r][t]);
+  store_sums<R, T>(acc, out);
 }
 #endif
 
