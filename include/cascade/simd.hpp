@@ -77,6 +77,16 @@
 #define CASCADE_UNROLL(n) CASCADE_PRAGMA(GCC unroll n)
 #endif
 
+// CASCADE_ALWAYS_INLINE: a small function the kernels call in their inner loops, inlined whatever the
+// compiler's estimate of its size.
+#if defined(__GNUC__) || defined(__clang__)
+#define CASCADE_ALWAYS_INLINE inline __attribute__((always_inline))
+#elif defined(_MSC_VER)
+#define CASCADE_ALWAYS_INLINE __forceinline
+#else
+#define CASCADE_ALWAYS_INLINE inline
+#endif
+
 namespace cascade {
 
 struct CpuFeatures {

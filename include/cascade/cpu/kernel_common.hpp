@@ -38,7 +38,9 @@ enum class Bf16Kernel : uint8_t { f32 = 0, dot = 1, tiles = 2 };
 // 6: the shared pass on AMX tiles for bf16 K/V where the CPU has them.
 // 7: the tiled kernel's row blocks of two registers on AVX-512, and work items handed out largest first (K2's
 //    shared pass 1.14x).
-inline constexpr int kKernelRevision = 7;
+// 8: the per-sequence pass asks for the next tile's K and V over its score and PV loops alike (1.1-1.4x from
+//    memory with 4-32 KV heads).
+inline constexpr int kKernelRevision = 8;
 
 // Per-thread scratch of the kernels: numbered buffers of floats, 64-byte aligned, grown on demand and kept.
 class Scratch {
