@@ -351,6 +351,38 @@ TEST_CASE("chains of segments with the same rows run as one pass, items straddli
   check(rng, c);
 }
 
+TEST_CASE("next_rows: the first tile of a token range, within its page, for the heads the call reads") {
+  const uint64_t seed = test::fresh_seed();
+  INFO("CASCADE_TEST_SEED=" << seed);
+  Rng rng(seed);
+  for (int round = 0; round < 50; ++round) {
+    const int n_kv = int(rng.uniform_int(1, 8)), d = int(rng.pick<int64_t>({32, 64, 128}));
+    const int64_t n_tokens = rng.uniform_int(1, 300), page = rng.uniform_int(1, 100);
+    const bool paged = rng.coin();
+    const int kvh = int(rng.uniform_int(0, n_kv - 1)), heads = int(rng.uniform_int(1, n_kv - kvh));
+    const int64_t t0 = rng.uniform_int(0, n_tokens - 1), t1 = rng.uniform_int(t0 + 1, n_tokens);
+    INFO("kv heads " << n_kv << " dim " << d << " tokens " << n_tokens << (paged ? " paged by " : " contiguous ")
+                     << page << ", heads " << kvh << "+" << heads << ", tokens " << t0 << ".." << t1);
+    const int64_t n_pages = (n_tokens + page - 1) / page;
+    std::vector<f16> k(size_t(n_pages * page * n_kv * d)), v(k.size());
+    std::vector<int32_t> table(static_cast<size_t>(n_pages));
+    for (int64_t i = 0; i < n_pages; ++i) table[size_t(i)] = int32_t(n_pages - 1 - i);  // pages in reverse
+    const KvView kv = paged ? KvView::paged_view(k.data(), v.data(), table.data(), n_tokens, page, n_kv, d)
+                            : KvView::contiguous(k.data(), v.data(), n_tokens, n_kv, d);
+    const cpu::NextRows r = cpu::next_rows(kv, kvh, heads, t0, t1);
+    // by hand: token t0's page, its row, its head kvh; rows to the end of the range, the page, or one tile
+    const int64_t row = paged ? table[size_t(t0 / page)] * page + t0 % page : t0;
+    CHECK(r.k == reinterpret_cast<const char*>(k.data() + (row * n_kv + kvh) * d));
+    CHECK(r.v == reinterpret_cast<const char*>(v.data() + (row * n_kv + kvh) * d));
+    const int64_t to_end = paged ? std::min(t1, (t0 / page + 1) * page) - t0 : t1 - t0;
+    CHECK(r.n_rows == std::min<int64_t>(to_end, cpu::kNextRows));
+    CHECK(r.stride == int64_t(n_kv) * d * 2);
+    CHECK(r.bytes == int64_t(heads) * d * 2);
+  }
+  const KvView kv = KvView::contiguous<float>(nullptr, nullptr, 10, 2, 64);
+  CHECK(cpu::next_rows(kv, 0, 2, 5, 5).k == nullptr);  // an empty range: nothing to ask for
+}
+
 TEST_CASE("attend called concurrently from parallel tasks: each call keeps its own workspace") {
   const uint64_t seed = test::fresh_seed();
   INFO("CASCADE_TEST_SEED=" << seed);

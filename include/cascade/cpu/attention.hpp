@@ -181,19 +181,34 @@ inline void gather_queries(const float* q, const HeadShape& shape, const Schedul
 // head_dim) and lse (heads, rows), into the workspace. Items go largest first (rows x heads x keys), each thread
 // taking the next one as it finishes: a range split between threads could leave one thread a shared pass's
 // last large item after the other had run out of work (K2: 8 items of ~1.5 ms and 32 of ~0.02 ms).
-template <class AttendItem>
-void run_items(const Schedule& sc, int64_t head_dim, float* ws, AttendItem attend) {
+// A thread on a per-sequence item takes its next item as it starts it, and scratch.kernel.next names that
+// item's first rows (first_rows(item) -> NextRows), which the kernel asks for over its last tile: the items
+// at the end of the order are short, often a single tile, and would otherwise each begin with all of their
+// reads missing. A shared-pass item takes its next only when it is done, as before, so no large item waits
+// behind another.
+template <class AttendItem, class FirstRows>
+void run_items(const Schedule& sc, int64_t head_dim, float* ws, AttendItem attend, FirstRows first_rows) {
   const size_t n = sc.items.size();
   if (n == 0) return;
   CASCADE_CHECK(sc.largest_first.size() == n, "run: the schedule's item order is missing");
   std::atomic<size_t> next{0};
   const int n_workers = int(std::min<size_t>(size_t(std::max(1, tbb::this_task_arena::max_concurrency())), n));
+  auto item = [&](size_t k) -> const Schedule::Item& { return sc.items[size_t(sc.largest_first[k])]; };
   tbb::parallel_for(0, n_workers, 1, [&](int) {
     ItemScratch& s = item_scratch().local();
-    for (size_t k; (k = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
-      const Schedule::Item& it = sc.items[size_t(sc.largest_first[k])];
+    size_t k = next.fetch_add(1, std::memory_order_relaxed);
+    while (k < n) {
+      const Schedule::Item& it = item(k);
+      size_t k_next = n;
+      s.kernel.next = NextRows{};
+      if (sc.passes[size_t(it.pass)].kernel == kFewRowsKernel) {
+        k_next = next.fetch_add(1, std::memory_order_relaxed);
+        if (k_next < n) s.kernel.next = first_rows(item(k_next));
+      }
       attend(it, s, ws + it.slot * head_dim, ws + sc.n_slots * head_dim + it.slot);
+      k = k_next < n ? k_next : next.fetch_add(1, std::memory_order_relaxed);
     }
+    s.kernel.next = NextRows{};
   });
 }
 
@@ -231,12 +246,25 @@ inline void attend_plan_item(const Plan& plan, const std::vector<KvView>& kv, co
   const Schedule::Pass& ps = sc.passes[size_t(it.pass)];
   gather_queries(q, shape, sc, it, s.q);
   s.limit.resize(size_t(n));
+  const NextRows after = s.kernel.next;  // what the thread attends after this item (run_items)
   bool first = true;
   for (int64_t k = ps.seg_begin; k < ps.seg_end; ++k) {
     const Schedule::PassSegment& seg = sc.segs[size_t(k)];
     const KvView& view = kv[size_t(seg.seg)];
     const int64_t a = std::max(it.t0, seg.start), b = std::min(it.t1, seg.start + view.n_tokens);
     if (a >= b) continue;
+    // Over this segment's last tile, the kernel asks for the start of the item's next segment, or of what follows
+    // the item.
+    int64_t k2 = k + 1;
+    for (; k2 < ps.seg_end; ++k2) {
+      const Schedule::PassSegment& seg2 = sc.segs[size_t(k2)];
+      const int64_t a2 = std::max(it.t0, seg2.start), b2 = std::min(it.t1, seg2.start + kv[size_t(seg2.seg)].n_tokens);
+      if (a2 < b2) {
+        s.kernel.next = next_rows(kv[size_t(seg2.seg)], it.kvh, it.heads, a2 - seg2.start, b2 - seg2.start);
+        break;
+      }
+    }
+    if (k2 == ps.seg_end) s.kernel.next = after;
     for (int64_t e = it.e0; e < it.e1; ++e)
       s.limit[size_t(e - it.e0)] = sc.rows[size_t(ps.row_begin + e / group)].limit - seg.start;
     float* o_k = o_it;
@@ -251,6 +279,19 @@ inline void attend_plan_item(const Plan& plan, const std::vector<KvView>& kv, co
     if (!first) merge_states_inplace(o_it, lse_it, o_k, lse_k, it.heads * n, d);
     first = false;
   }
+}
+
+// The first rows an item of a plan reads: those of the first of its pass's segments it attends to.
+inline NextRows first_rows(const Plan& plan, const std::vector<KvView>& kv, const Schedule::Item& it) {
+  const Schedule& sc = plan.schedule();
+  const Schedule::Pass& ps = sc.passes[size_t(it.pass)];
+  for (int64_t k = ps.seg_begin; k < ps.seg_end; ++k) {
+    const Schedule::PassSegment& seg = sc.segs[size_t(k)];
+    const KvView& view = kv[size_t(seg.seg)];
+    const int64_t a = std::max(it.t0, seg.start), b = std::min(it.t1, seg.start + view.n_tokens);
+    if (a < b) return next_rows(view, it.kvh, it.heads, a - seg.start, b - seg.start);
+  }
+  return {};
 }
 
 // Checks a view against the plan's segment g; throws an Error naming the segment.
@@ -293,10 +334,12 @@ void run(const Plan& plan, SegmentKv&& kv, const float* q, float* o, float* lse 
   std::optional<Workspace> kept;
   if (!workspace) workspace = kept.emplace(size_t(plan.workspace_floats())).data();
   in_arena(plan.target().n_threads, [&] {
-    detail::run_items(plan.schedule(), plan.shape().head_dim, workspace,
-                      [&](const Schedule::Item& it, detail::ItemScratch& s, float* o_it, float* lse_it) {
-                        detail::attend_plan_item(plan, views, q, it, s, o_it, lse_it);
-                      });
+    detail::run_items(
+        plan.schedule(), plan.shape().head_dim, workspace,
+        [&](const Schedule::Item& it, detail::ItemScratch& s, float* o_it, float* lse_it) {
+          detail::attend_plan_item(plan, views, q, it, s, o_it, lse_it);
+        },
+        [&](const Schedule::Item& it) { return detail::first_rows(plan, views, it); });
     detail::merge_outputs(plan.schedule(), plan.shape(), plan.n_rows(), workspace, o, lse);
   });
 }
@@ -386,7 +429,8 @@ inline void run_unified(const UnifiedPlan& p, const UnifiedBatch& b, const float
                             p.schedule.passes[0].kernel == kFewRowsKernel, s.q.data(), n, it.heads, b.kv, it.kvh,
                             it.t0, it.t1, UnifiedMask{b.key_seqs, b.n_words, b.key_pos, s.seq.data(), s.pos.data()},
                             p.scale, o_it, lse_it, s.kernel);
-                      });
+                      },
+                      [&](const Schedule::Item& it) { return next_rows(b.kv, it.kvh, it.heads, it.t0, it.t1); });
     detail::merge_outputs(p.schedule, p.shape, b.n_rows, workspace, o, lse);
   });
 }

@@ -40,11 +40,43 @@ enum class Bf16Kernel : uint8_t { f32 = 0, dot = 1, tiles = 2 };
 //    shared pass 1.14x).
 // 8: the per-sequence pass asks for the next tile's K and V over its score and PV loops alike (1.1-1.4x from
 //    memory with 4-32 KV heads).
-inline constexpr int kKernelRevision = 8;
+// 9: over an item's last tile the per-sequence pass asks for the first tile of the thread's next item (K2's
+//    per-sequence part, 64 own tokens, 1.3x).
+inline constexpr int kKernelRevision = 9;
+
+// K/V token rows a kernel call asks for over its last tile: the start of what the calling thread attends next
+// (the next segment of its work item, or its next item), so that a short item's reads are under way before it
+// begins. An item of the per-sequence pass that is one tile long (K2's 64 own tokens) otherwise starts with
+// every byte it reads missing in the cache. k == nullptr: nothing. Only the few-rows kernel reads it.
+struct NextRows {
+  const char* k = nullptr;  // the first row's K (the call's first KV head); V's at v
+  const char* v = nullptr;
+  int64_t n_rows = 0;  // token rows
+  int64_t stride = 0;  // bytes from one token row to the next
+  int64_t bytes = 0;   // bytes of a row the next call reads: its KV heads side by side
+};
+
+// Most token rows a NextRows names: one tile of the few-rows kernel.
+inline constexpr int64_t kNextRows = 64;
+
+// The first rows of tokens [t0, t1) of heads [kvh, kvh + n_heads) of kv, as NextRows (none if the range is empty).
+inline NextRows next_rows(const KvView& kv, int kvh, int n_heads, int64_t t0, int64_t t1) {
+  NextRows r;
+  if (t1 <= t0 || n_heads <= 0) return r;
+  const int64_t es = int64_t(dtype_size(kv.dtype));
+  r.k = static_cast<const char*>(kv.k) + kv.offset(t0, kvh) * es;
+  r.v = static_cast<const char*>(kv.v) + kv.offset(t0, kvh) * es;
+  r.n_rows = std::min({kNextRows, t1 - t0, kv.run_length(t0)});
+  r.stride = kv.stride_token * es;
+  r.bytes = (int64_t(n_heads - 1) * kv.stride_head + kv.head_dim) * es;
+  return r;
+}
 
 // Per-thread scratch of the kernels: numbered buffers of floats, 64-byte aligned, grown on demand and kept.
 class Scratch {
  public:
+  // What the thread attends after the current call (set by the caller for each call; see NextRows).
+  NextRows next;
   static constexpr int kSlots = 8;
   // Buffer `slot` with room for at least n floats; its contents are unspecified.
   float* get(int slot, int64_t n) {
