@@ -92,3 +92,19 @@ TEST_CASE("simd: the CPU's name and feature names agree with /proc/cpuinfo") {
     CHECK_MESSAGE(ours.count(f) == flags.count(f), f);
   CHECK(ours.size() <= 12);
 }
+
+TEST_CASE("simd: the vendor that CPUID names agrees with /proc/cpuinfo and picks where prefetches go") {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, vendor;
+  while (vendor.empty() && std::getline(in, line))
+    if (line.rfind("vendor_id", 0) == 0) {
+      std::istringstream words(line.substr(line.find(':') + 1));
+      words >> vendor;
+    }
+  if (vendor.empty()) {
+    MESSAGE("no /proc/cpuinfo vendor_id here: nothing to compare with");
+    return;
+  }
+  CHECK(cascade::cpu_features().amd == (vendor == "AuthenticAMD"));
+  CHECK(cascade::prefetch_to_l1() == (vendor == "AuthenticAMD"));
+}
