@@ -463,7 +463,6 @@ struct Panel {
 struct RowsAhead {
   const char* base = nullptr;
   int64_t n_lines = 0, per_step = 0;
-  bool to_l1 = prefetch_to_l1();  // into L1 on AMD cores (simd.hpp)
   RowsAhead(const Matrix& w, int64_t i, int64_t n, int64_t n_steps) {
     if (i >= w.n_out || n_steps <= 0) return;
     const auto a = reinterpret_cast<uintptr_t>(w.data + uint64_t(i) * w.row_bytes) & ~uintptr_t(63);
@@ -475,10 +474,7 @@ struct RowsAhead {
   // The lines of step s of n_steps (none past the last step).
   void step(int64_t s) const {
     const int64_t l1 = std::min(n_lines, (s + 1) * per_step);
-    if (to_l1)
-      for (int64_t l = s * per_step; l < l1; ++l) _mm_prefetch(base + 64 * l, _MM_HINT_T0);
-    else
-      for (int64_t l = s * per_step; l < l1; ++l) _mm_prefetch(base + 64 * l, _MM_HINT_T1);
+    for (int64_t l = s * per_step; l < l1; ++l) _mm_prefetch(base + 64 * l, _MM_HINT_T1);
   }
 };
 
