@@ -106,5 +106,5 @@ TEST_CASE("simd: the vendor that CPUID names agrees with /proc/cpuinfo and picks
     return;
   }
   CHECK(cascade::cpu_features().amd == (vendor == "AuthenticAMD"));
-  CHECK(cascade::prefetch_to_l1() == (vendor == "AuthenticAMD"));  // the per-sequence pass's K/V prefetches
+  CHECK(cascade::prefetch_to_l1() == (vendor == "AuthenticAMD"));  // the attention kernels' K/V prefetches
 }

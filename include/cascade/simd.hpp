@@ -152,9 +152,10 @@ inline const CpuFeatures& cpu_features() {
   return features;
 }
 
-// Where the per-sequence pass's software prefetches of K/V go: into L1 (prefetcht0) on AMD cores, into L2
-// (prefetcht1) elsewhere. On a Zen 5 (family 26), from memory: one K1 item 0.038 -> 0.033 ms, 4-8 rows x 4-8
-// KV heads x 64-128 1.2-1.3x faster, K1's whole per-sequence pass on two threads 0.743 -> 0.69 ms (medians).
+// Where the attention kernels' software prefetches of K/V go: into L1 (prefetcht0) on AMD cores, into L2
+// (prefetcht1) elsewhere. On a Zen 5 (family 26), from memory: one K1 item of the per-sequence pass 0.038 ->
+// 0.033 ms, 4-8 rows x 4-8 KV heads x 64-128 1.2-1.3x faster, K1's whole per-sequence pass on two threads
+// 0.743 -> 0.69 ms (medians); the tiled kernel at K2 with bf16 products 3.29 -> 3.23 ms (medians of 5).
 // Intel cores keep prefetcht1, where the kernels were tuned (prefetcht0 was not measured there). The linear
 // layers keep prefetcht1 on every CPU: with prefetcht0 this Zen 5 ran Llama-3.2-1B's q4_K layers 2.6x slower.
 inline bool prefetch_to_l1() {

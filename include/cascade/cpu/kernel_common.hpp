@@ -42,7 +42,8 @@ enum class Bf16Kernel : uint8_t { f32 = 0, dot = 1, tiles = 2 };
 //    memory with 4-32 KV heads).
 // 9: over an item's last tile the per-sequence pass asks for the first tile of the thread's next item (K2's
 //    per-sequence part, 64 own tokens, 1.3x).
-// 10: on AMD cores the per-sequence pass's prefetches go into L1 (simd.hpp, prefetch_to_l1: 1.1x from memory).
+// 10: on AMD cores the attention kernels' prefetches go into L1 (simd.hpp, prefetch_to_l1: the per-sequence
+//     pass 1.1x from memory).
 inline constexpr int kKernelRevision = 10;
 
 // K/V token rows a kernel call asks for over its last tile: the start of what the calling thread attends next
