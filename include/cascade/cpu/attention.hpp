@@ -235,6 +235,19 @@ inline void merge_outputs(const Schedule& sc, const HeadShape& shape, int64_t n_
   });
 }
 
+// The first rows an item reads from its pass's segments k_begin on: those of the first of them it attends to
+// (none if it attends to none of them).
+inline NextRows first_rows(const Schedule& sc, const std::vector<KvView>& kv, const Schedule::Item& it,
+                           int64_t k_begin) {
+  for (int64_t k = k_begin; k < sc.passes[size_t(it.pass)].seg_end; ++k) {
+    const Schedule::PassSegment& seg = sc.segs[size_t(k)];
+    const KvView& view = kv[size_t(seg.seg)];
+    const int64_t a = std::max(it.t0, seg.start), b = std::min(it.t1, seg.start + view.n_tokens);
+    if (a < b) return next_rows(view, it.kvh, it.heads, a - seg.start, b - seg.start);
+  }
+  return {};
+}
+
 // Attends one item of a plan: its tokens [t0, t1) of the pass, segment by segment; the second and later
 // segments' states merge into the first's.
 inline void attend_plan_item(const Plan& plan, const std::vector<KvView>& kv, const float* q,
@@ -255,16 +268,8 @@ inline void attend_plan_item(const Plan& plan, const std::vector<KvView>& kv, co
     if (a >= b) continue;
     // Over this segment's last tile, the kernel asks for the start of the item's next segment, or of what follows
     // the item.
-    int64_t k2 = k + 1;
-    for (; k2 < ps.seg_end; ++k2) {
-      const Schedule::PassSegment& seg2 = sc.segs[size_t(k2)];
-      const int64_t a2 = std::max(it.t0, seg2.start), b2 = std::min(it.t1, seg2.start + kv[size_t(seg2.seg)].n_tokens);
-      if (a2 < b2) {
-        s.kernel.next = next_rows(kv[size_t(seg2.seg)], it.kvh, it.heads, a2 - seg2.start, b2 - seg2.start);
-        break;
-      }
-    }
-    if (k2 == ps.seg_end) s.kernel.next = after;
+    const NextRows in_item = first_rows(sc, kv, it, k + 1);
+    s.kernel.next = in_item.k ? in_item : after;
     for (int64_t e = it.e0; e < it.e1; ++e)
       s.limit[size_t(e - it.e0)] = sc.rows[size_t(ps.row_begin + e / group)].limit - seg.start;
     float* o_k = o_it;
@@ -279,19 +284,6 @@ inline void attend_plan_item(const Plan& plan, const std::vector<KvView>& kv, co
     if (!first) merge_states_inplace(o_it, lse_it, o_k, lse_k, it.heads * n, d);
     first = false;
   }
-}
-
-// The first rows an item of a plan reads: those of the first of its pass's segments it attends to.
-inline NextRows first_rows(const Plan& plan, const std::vector<KvView>& kv, const Schedule::Item& it) {
-  const Schedule& sc = plan.schedule();
-  const Schedule::Pass& ps = sc.passes[size_t(it.pass)];
-  for (int64_t k = ps.seg_begin; k < ps.seg_end; ++k) {
-    const Schedule::PassSegment& seg = sc.segs[size_t(k)];
-    const KvView& view = kv[size_t(seg.seg)];
-    const int64_t a = std::max(it.t0, seg.start), b = std::min(it.t1, seg.start + view.n_tokens);
-    if (a < b) return next_rows(view, it.kvh, it.heads, a - seg.start, b - seg.start);
-  }
-  return {};
 }
 
 // Checks a view against the plan's segment g; throws an Error naming the segment.
@@ -339,7 +331,9 @@ void run(const Plan& plan, SegmentKv&& kv, const float* q, float* o, float* lse 
         [&](const Schedule::Item& it, detail::ItemScratch& s, float* o_it, float* lse_it) {
           detail::attend_plan_item(plan, views, q, it, s, o_it, lse_it);
         },
-        [&](const Schedule::Item& it) { return detail::first_rows(plan, views, it); });
+        [&](const Schedule::Item& it) {
+          return detail::first_rows(plan.schedule(), views, it, plan.schedule().passes[size_t(it.pass)].seg_begin);
+        });
     detail::merge_outputs(plan.schedule(), plan.shape(), plan.n_rows(), workspace, o, lse);
   });
 }
