@@ -22,6 +22,8 @@
 //   by lanes of X (more rows)  a vector holds 4 consecutive activations of 8 or 16 rows of X (Int8Form's lane
 //       layout); a weight's 4 codes are broadcast to all lanes; R weight rows x TV vectors of X rows accumulate
 //       one group in int32, then scale it into f32.
+//       On 512-bit vectors, 8 rows of X take two units of 4 codes per lane pair (tile_x8h), so that each dot
+//       product is 512 bits wide as with 16 rows.
 // For the lanes of X, weights are first decoded, R rows at a time, into a panel of codes, scales and offsets (a
 // few KiB, in L1), by SIMD decoders that produce exactly what gguf::decode_codes produces (tested).
 #pragma once
@@ -32,6 +34,7 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "model/linear_kernels.hpp"
@@ -929,6 +932,53 @@ LT __attribute__((noinline)) void tile_x(const Panel& p, const Int8Form& x, int6
     for (int v = 0; v < TV; ++v) V::storef(out + r * TV * L + v * L, acc[r][v]);
 }
 
+#if CASCADE_LINEAR_512
+// tile_x for 4-8 rows of X (lanes-8 form) on 512-bit vectors: lane 2t + h holds row t of X and the codes of its
+// k4 units 2m + h, so that a 64-bit broadcast of a weight row's 8 codes at k = 8m meets two units of every row
+// of X in one dot product, and its two halves, both in the same group (G/4 units of 4 values are even), take
+// the same scale; they are added once at the end. Per group and weight row: G/8 dot products and one scaling
+// (convert, scale, FMA, offset FMA), where tile_x on 8 lanes takes G/4 and the same scaling: the scaling is per
+// weight row and group, whatever the lanes hold. The offsets (q4_1, K-quants) go into lanes h = 0 only.
+// out[r * 8 + t] as tile_x<V256, D, G, R, 1>.
+template <class D, int G, int R>
+LT __attribute__((noinline)) void tile_x8h(const Panel& p, const Int8Form& x, int64_t t0, float* out) {
+  static_assert(G % 8 == 0);
+  const int64_t K = x.n_in, n_groups = K / G, n_pad = x.n_pad;
+  const float* s_base = G == 16 ? x.s16.data() : x.s32.data();
+  const __m512i pair_idx = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  const __m512i dup_idx = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < n_groups; ++g) {
+    __m512i ia[R];
+    for (int r = 0; r < R; ++r) ia[r] = _mm512_setzero_si512();
+    for (int m = 0; m < G / 8; ++m) {
+      const int64_t k4 = g * G / 4 + 2 * m;
+      const int8_t* x0 = x.q.data() + (k4 * n_pad + t0) * 4;
+      const __m512i xx = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0))),
+                                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + n_pad * 4)), 1);
+      const __m512i xv = _mm512_permutexvar_epi32(pair_idx, xx);
+      for (int r = 0; r < R; ++r) {
+        int64_t w8;
+        std::memcpy(&w8, p.code + r * p.k_pad + g * G + 8 * m, 8);
+        ia[r] = D::dot(ia[r], _mm512_set1_epi64(w8), xv);
+      }
+    }
+    const __m512 dv = _mm512_permutexvar_ps(dup_idx, _mm512_castps256_ps512(_mm256_loadu_ps(x.d.data() + (g * G / 32) * n_pad + t0)));
+    const __m512 sv = _mm512_maskz_permutexvar_ps(__mmask16(0x5555), dup_idx,
+                                                  _mm512_castps256_ps512(_mm256_loadu_ps(s_base + g * n_pad + t0)));
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), _mm512_mul_ps(_mm512_set1_ps(p.sc[r * p.g_pad + g]), dv), acc[r]);
+      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(p.off[r * p.g_pad + g]), sv, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m512 both = _mm512_add_ps(acc[r], _mm512_permute_ps(acc[r], 0xB1));  // lane 2t: h = 0 plus h = 1
+    _mm256_storeu_ps(out + r * 8, _mm512_castps512_ps256(_mm512_maskz_compress_ps(__mmask16(0x5555), both)));
+  }
+}
+#endif
+
 // How many consecutive rows of Y (n_out floats each) fall in different sets of a 64-set L1 cache of 64-byte
 // lines (Zen 4, and Intel's 48 KiB L1 alike): 64 when rows are not a whole number of lines apart.
 inline int64_t y_set_period(int64_t n_out) {
@@ -941,13 +991,16 @@ inline int64_t y_set_period(int64_t n_out) {
 
 // A shape a path runs: R rows by lanes of K with vector VK and dot DK (x.lanes == 0), or RX rows by lanes of X
 // with vector VX and dot DX (x.lanes == VX::L), at most TVX vectors of X rows at once.
-template <class VK, class DK, int RK, class VX, class DX, int RX, int TVX>
+// X8D: where not void, 8 lanes of X run as tile_x8h on 512-bit vectors with that dot product (TVX must be 1).
+template <class VK, class DK, int RK, class VX, class DX, int RX, int TVX, class X8DT = void>
 struct Shape {
   using KV = VK;
   using KD = DK;
   using XV = VX;
   using XD = DX;
+  using X8D = X8DT;
   static constexpr int rk = RK, rx = RX, tvx = TVX;
+  static constexpr bool x8h = !std::is_void_v<X8DT>;
 };
 
 // Panels (or tiles of rows, by lanes of K) asked for ahead of the one being multiplied. Without it the first load
@@ -1030,6 +1083,11 @@ LT void rows_typed(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, i
         if constexpr (S::tvx > 1) {
           if (tv == 2) tile_x<typename S::XV, typename S::XD, G, R, 2, kSigned>(p, x, t, out);
           else tile_x<typename S::XV, typename S::XD, G, R, 1, kSigned>(p, x, t, out);
+#if CASCADE_LINEAR_512
+        } else if constexpr (S::x8h) {
+          static_assert(!kSigned && S::XV::L == 8);
+          tile_x8h<typename S::X8D, G, R>(p, x, t, out);
+#endif
         } else {
           tile_x<typename S::XV, typename S::XD, G, R, 1, kSigned>(p, x, t, out);
         }
