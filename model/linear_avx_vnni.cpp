@@ -1,5 +1,6 @@
 // The avx-vnni path of linear.hpp: the VEX vpdpbusd on 8 lanes (Alder Lake, Zen 5), F16C, FMA. The same
-// templates as the avx2 path with one dot product changed; the avx512-vnni path runs them with the EVEX form.
+// templates as the avx2 path with one dot product changed (the avx512-vnni path has its own 512-bit forms:
+// linear_avx512.cpp).
 #if defined(__x86_64__) || defined(__i386__)
 #define CASCADE_LINEAR_TARGET __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define CASCADE_LINEAR_512 0

@@ -955,20 +955,22 @@ LT __attribute__((noinline)) void tile_x8h(const Panel& p, const Int8Form& x, in
     for (int m = 0; m < G / 8; ++m) {
       const int64_t k4 = g * G / 4 + 2 * m;
       const int8_t* x0 = x.q.data() + (k4 * n_pad + t0) * 4;
-      const __m512i xx = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0))),
-                                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + n_pad * 4)), 1);
-      const __m512i xv = _mm512_permutexvar_epi32(pair_idx, xx);
+      const __m256i u0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0));  // unit k4, rows t0 ..
+      const __m256i u1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + n_pad * 4));  // unit k4 + 1
+      const __m512i xv = _mm512_permutexvar_epi32(pair_idx, _mm512_inserti64x4(_mm512_castsi256_si512(u0), u1, 1));
       for (int r = 0; r < R; ++r) {
         int64_t w8;
         std::memcpy(&w8, p.code + r * p.k_pad + g * G + 8 * m, 8);
         ia[r] = D::dot(ia[r], _mm512_set1_epi64(w8), xv);
       }
     }
-    const __m512 dv = _mm512_permutexvar_ps(dup_idx, _mm512_castps256_ps512(_mm256_loadu_ps(x.d.data() + (g * G / 32) * n_pad + t0)));
-    const __m512 sv = _mm512_maskz_permutexvar_ps(__mmask16(0x5555), dup_idx,
-                                                  _mm512_castps256_ps512(_mm256_loadu_ps(s_base + g * n_pad + t0)));
+    const __m256 d8 = _mm256_loadu_ps(x.d.data() + (g * G / 32) * n_pad + t0);
+    const __m256 s8 = _mm256_loadu_ps(s_base + g * n_pad + t0);
+    const __m512 dv = _mm512_permutexvar_ps(dup_idx, _mm512_castps256_ps512(d8));
+    const __m512 sv = _mm512_maskz_permutexvar_ps(__mmask16(0x5555), dup_idx, _mm512_castps256_ps512(s8));
     for (int r = 0; r < R; ++r) {
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), _mm512_mul_ps(_mm512_set1_ps(p.sc[r * p.g_pad + g]), dv), acc[r]);
+      const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(p.sc[r * p.g_pad + g]), dv);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), scale, acc[r]);
       acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(p.off[r * p.g_pad + g]), sv, acc[r]);
     }
   }
