@@ -10,10 +10,6 @@
 namespace cascade::linear::detail {
 namespace {
 
-struct DotVnni256 {
-  LT static __m256i dot(__m256i acc, __m256i u8, __m256i s8) { return _mm256_dpbusd_epi32(acc, u8, s8); }
-};
-
 struct DotVnni512 {
   LT static __m512i dot(__m512i acc, __m512i u8, __m512i s8) { return _mm512_dpbusd_epi32(acc, u8, s8); }
 };
@@ -22,7 +18,7 @@ struct DotVnni512 {
 // products run on 512-bit vpdpbusd (tile_x8h). SmolLM2's layers at 8 rows of X, two threads: q4_1 7.3-7.5 ->
 // 6.2 ms; Llama-3.2-1B's at 8 rows: q4_0 27.1 -> 18.3 ms, q4_K 29.8 -> 22.9, q6_K 39.5 -> 28.5 (on 256-bit
 // vpdpbusd before, tile_x on V256).
-using Shape8 = Shape<V512, DotVnni512, 4, V256, DotVnni256, 8, 1, DotVnni512>;
+using Shape8 = Shape<V512, DotVnni512, 4, V256, DotVnni512, 8, 1, true>;
 using Shape16 = Shape<V512, DotVnni512, 4, V512, DotVnni512, 4, 2>;
 
 int lanes(int64_t n) { return n <= 3 ? 0 : n <= 8 ? 8 : 16; }

@@ -34,7 +34,6 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
-#include <type_traits>
 #include <vector>
 
 #include "model/linear_kernels.hpp"
@@ -993,16 +992,15 @@ inline int64_t y_set_period(int64_t n_out) {
 
 // A shape a path runs: R rows by lanes of K with vector VK and dot DK (x.lanes == 0), or RX rows by lanes of X
 // with vector VX and dot DX (x.lanes == VX::L), at most TVX vectors of X rows at once.
-// X8D: where not void, 8 lanes of X run as tile_x8h on 512-bit vectors with that dot product (TVX must be 1).
-template <class VK, class DK, int RK, class VX, class DX, int RX, int TVX, class X8DT = void>
+// X8H: 8 lanes of X (VX::L == 8, TVX 1) run as tile_x8h, on 512-bit vectors with DX, a 512-bit dot product.
+template <class VK, class DK, int RK, class VX, class DX, int RX, int TVX, bool X8H = false>
 struct Shape {
   using KV = VK;
   using KD = DK;
   using XV = VX;
   using XD = DX;
-  using X8D = X8DT;
   static constexpr int rk = RK, rx = RX, tvx = TVX;
-  static constexpr bool x8h = !std::is_void_v<X8DT>;
+  static constexpr bool x8h = X8H;
 };
 
 // Panels (or tiles of rows, by lanes of K) asked for ahead of the one being multiplied. Without it the first load
@@ -1088,7 +1086,7 @@ LT void rows_typed(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, i
 #if CASCADE_LINEAR_512
         } else if constexpr (S::x8h) {
           static_assert(!kSigned && S::XV::L == 8);
-          tile_x8h<typename S::X8D, G, R>(p, x, t, out);
+          tile_x8h<typename S::XD, G, R>(p, x, t, out);
 #endif
         } else {
           tile_x<typename S::XV, typename S::XD, G, R, 1, kSigned>(p, x, t, out);
