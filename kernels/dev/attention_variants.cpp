@@ -11,7 +11,7 @@
 // those), and GB/s of
 // K/V read against the read bandwidth.
 //
-// Variants (production kernels are 1-7 and 18; the rest are register-blocking alternatives of the same templates,
+// Variants (production kernels are 1-7, 18 and 19; the rest are register-blocking alternatives of the same templates,
 // kept to show why production picks what it picks):
 //   1  portable tiled (Eigen products), one head at a time
 //   2  AVX2 tiled: 8 rows x 8 keys in registers
@@ -31,6 +31,7 @@
 //  16  AVX2 few-rows without its software prefetch
 //  17  AVX-512 few-rows, scores head by head over a whole tile (production: every head of 16 keys, then the next)
 //  18  AVX-512 tiled, bf16 products on AMX tiles (bf16 K/V, head dim a multiple of 32; where the OS grants tiles)
+//  19  AVX-512 few-rows, bf16 products on vdpbf16ps (bf16 K/V, head dim a multiple of 32)
 #include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
 
 #include <algorithm>
@@ -205,6 +206,8 @@ std::vector<Variant> variants(const Problem& p) {
                typed<Avx512Few<4, 4, true, avx512::kFewTile>::K>(p), false, avx512 && p.dim % 16 == 0});
   v.push_back({"AVX-512 tiled, bf16 products on AMX tiles", production(Isa::avx512, false, true, true), true,
                bf16 && amx_usable() && p.dim % 32 == 0, true});
+  v.push_back({"AVX-512 few-rows, bf16 products on vdpbf16ps", production(Isa::avx512, true, true), true,
+               bf16 && p.dim % 32 == 0});
 #endif
   return v;
 }

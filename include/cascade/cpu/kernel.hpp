@@ -47,6 +47,17 @@ inline bool bf16_products_faster() {
   return false;
 #endif
 }
+// Whether vdpbf16ps itself out-runs this CPU's f32 FMAs by that margin (the per-sequence pass has no AMX form),
+// measured once per process where it is first asked.
+inline bool bf16_dots_faster() {
+#if CASCADE_X86
+  static const bool faster = detected_isa() == Isa::avx512 && cpu_features().avx512_bf16 &&
+                             avx512_bf16::bf16_over_fma_rate() > 1.2;
+  return faster;
+#else
+  return false;
+#endif
+}
 // -1: not set (on where amx_usable()); 0 or 1: set.
 inline std::atomic<int>& amx_tiles_flag() {
   static std::atomic<int> on{-1};
@@ -110,6 +121,17 @@ inline Bf16Kernel bf16_kernel(Isa isa = active_isa()) {
   return Bf16Kernel::dot;
 }
 
+// How the few-rows kernel (the per-sequence pass) multiplies bf16 K/V under tier `isa`: on vdpbf16ps wherever the
+// tiled kernel takes bf16 products, except where those run on AMX tiles and vdpbf16ps is slower than this CPU's
+// f32 FMAs (Sapphire Rapids: half their rate); else in f32.
+inline Bf16Kernel few_bf16_kernel(Isa isa = active_isa()) {
+  const Bf16Kernel k = bf16_kernel(isa);
+  if (k == Bf16Kernel::tiles && !(detail::bf16_products_flag().load(std::memory_order_relaxed) == 1 ||
+                                  detail::bf16_dots_faster()))
+    return Bf16Kernel::f32;
+  return k == Bf16Kernel::f32 ? k : Bf16Kernel::dot;
+}
+
 // The name of the bf16 kernel (for reports): "" (f32), "+bf16" (vdpbf16ps) or "+amx".
 inline const char* bf16_kernel_suffix(Bf16Kernel k) {
   return k == Bf16Kernel::tiles ? "+amx" : k == Bf16Kernel::dot ? "+bf16" : "";
@@ -142,7 +164,8 @@ void attend_range_dispatch(bool few, const float* q, int64_t n_rows, int n_heads
   const Isa isa = active_isa();
   switch (kernel_tier(few, kv.head_dim, isa)) {
     case Isa::avx512:
-      return avx512::attend(few, q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, bf16_kernel(isa), o, lse, sc);
+      return avx512::attend(few, q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale,
+                            few ? few_bf16_kernel(isa) : bf16_kernel(isa), o, lse, sc);
     case Isa::avx2: return avx2::attend(few, q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
     case Isa::portable: break;
   }

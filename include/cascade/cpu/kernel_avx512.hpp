@@ -125,6 +125,7 @@ using avx512::finish_row;
 using avx512::kLn2;
 using avx512::kLog2e;
 using avx512::kTileKeys;
+using avx512::kFewTile;
 
 inline __m512i bcast32(const void* p) {
   int32_t x;
@@ -333,6 +334,261 @@ void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int6
   }
 }
 
+// ---- the per-sequence pass on vdpbf16ps ----------------------------------------------------------------------
+//
+// avx512::few_attend for bf16 K/V (head dim a multiple of 32) on bf16 dot products, with tile_attend's rounding
+// above: q rounded to bf16 (S scaled in f32 afterwards), the softmax weights rounded to bf16 for P V while their
+// sum l stays f32. K as stored pairs head dims; for P V the rows of two keys are interleaved word by word in
+// registers (vpunpck{l,h}wd), so an accumulator row holds each 32-dim block's dims in the order those give
+// (few_pair_dim), put back in order once at the end. Nothing is converted to f32: per key and row the products
+// take half the instructions of the f32 kernel, with no conversions beside them (on Zen 4 a 512-bit
+// f16-to-f32 conversion takes two cycles: the f32 kernel spent about as long converting K/V as multiplying).
+
+// The head dim held by lane i (< 32) of a 32-dim block of a P V accumulator: lanes 0-15 come from vpunpcklwd,
+// 16-31 from vpunpckhwd, and in each, lane 4 L + t holds word t (or 4 + t) of the block's 128-bit lane L.
+constexpr int64_t few_pair_dim(int64_t i) { return (i & 15) / 4 * 8 + (i >= 16 ? 4 : 0) + i % 4; }
+
+// Rows per pass of the score loop (R * 4 accumulators), and 32-dim blocks per pass of the P V loop for R rows
+// and NB blocks (0: known at run time, one at a time): as many as fit 24 accumulators, with two key pairs in
+// flight (FewPvU) when that leaves fewer than 8 chains.
+inline constexpr int kFewBf16RowGroup = 4;
+inline constexpr int few_bf16_cb(int NB, int R) {
+  if (NB <= 0) return 1;
+  int cb = NB;
+  while (cb > 1 && (2 * R * cb > 24 || NB % cb != 0)) --cb;
+  return cb;
+}
+inline constexpr int few_bf16_u(int NB, int R) { return 2 * R * few_bf16_cb(NB, R) < 8 ? 2 : 1; }
+
+// s(r, j) = qs * (q_r . k_j) for R rows and keys j < n (<= kFewTile) of one head: four keys a step share one
+// transposing reduction. qp: (R, d / 2) bf16 head-dim pairs; s: (R, kFewTile). pf, when given, is stepped once per
+// key group (few_bf16_score_steps).
+template <int NB, int R>
+inline void few_scores_bf16(const uint32_t* qp, const uint16_t* kt, int64_t stride, int64_t n, int64_t nb_rt,
+                            float qs, float* s, avx512::FewPrefetch* pf_in) {
+  avx512::FewPrefetch pf_local;  // in registers over the loop, not through the pointer
+  avx512::FewPrefetch* pf = pf_in ? &pf_local : nullptr;
+  if (pf_in) pf_local = *pf_in;
+  const int64_t nb = NB > 0 ? NB : nb_rt;
+  const int64_t dw = nb * 16;  // q words per row
+  const __m128 qs4 = _mm_set1_ps(qs);
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    if (pf) pf->step();
+    __m512 acc[R][4];
+    CASCADE_UNROLL(4)
+    for (int r = 0; r < R; ++r)
+      CASCADE_UNROLL(4)
+      for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
+    CASCADE_UNROLL(4)
+    for (int64_t c = 0; c < nb; ++c) {
+      __m512bh k[4];
+      CASCADE_UNROLL(4)
+      for (int u = 0; u < 4; ++u) k[u] = __m512bh(_mm512_loadu_si512(kt + (j + u) * stride + c * 32));
+      CASCADE_UNROLL(4)
+      for (int r = 0; r < R; ++r) {
+        const __m512bh qv = __m512bh(_mm512_loadu_si512(qp + r * dw + c * 16));
+        CASCADE_UNROLL(4)
+        for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_dpbf16_ps(acc[r][u], qv, k[u]);
+      }
+    }
+    CASCADE_UNROLL(4)
+    for (int r = 0; r < R; ++r)
+      _mm_storeu_ps(s + r * kFewTile + j, _mm_mul_ps(V::sum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), qs4));
+  }
+  if (pf && j < n) pf->step();
+  for (; j < n; ++j)
+    for (int r = 0; r < R; ++r) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t c = 0; c < nb; ++c)
+        acc = _mm512_dpbf16_ps(acc, __m512bh(_mm512_loadu_si512(qp + r * dw + c * 16)),
+                               __m512bh(_mm512_loadu_si512(kt + j * stride + c * 32)));
+      s[r * kFewTile + j] = V::hsum(acc) * qs;
+    }
+  if (pf_in) *pf_in = pf_local;
+}
+
+// The step() calls of few_scores_bf16 over n keys (its first row group's).
+inline constexpr int64_t few_bf16_score_steps(int64_t n) { return (n + 3) / 4; }
+
+// acc(r, :) += sum_j p(r, j) v_j for R rows, CB 32-dim blocks a pass, U key pairs in flight. pp: (R, kFewTile / 2)
+// key-pair words of bf16 weights (zero past key n); acc: (R, d) in few_pair_dim order. pf is stepped once per
+// key pair of each pass (few_bf16_pv_steps).
+template <int R, int CB, int U>
+inline void few_pv_bf16_rows(const uint32_t* pp, const uint16_t* vt, int64_t stride, int64_t n, int64_t nb,
+                             float* acc, int64_t d, avx512::FewPrefetch* pf_in) {
+  avx512::FewPrefetch pf_local;
+  avx512::FewPrefetch* pf = pf_in ? &pf_local : nullptr;
+  if (pf_in) pf_local = *pf_in;
+  constexpr int64_t PS = kFewTile / 2;  // words per row of pp
+  for (int64_t c0 = 0; c0 < nb; c0 += CB) {
+    __m512 a[U][R][CB][2];
+    CASCADE_UNROLL(2)
+    for (int u = 0; u < U; ++u)
+      CASCADE_UNROLL(8)
+      for (int r = 0; r < R; ++r)
+        CASCADE_UNROLL(4)
+        for (int c = 0; c < CB; ++c)
+          CASCADE_UNROLL(2)
+          for (int h = 0; h < 2; ++h)
+            a[u][r][c][h] = u == 0 ? _mm512_loadu_ps(acc + r * d + (c0 + c) * 32 + h * 16) : _mm512_setzero_ps();
+    // keys j and j + 1 (y1: whether j + 1 < n; its weight is 0 otherwise, and its row is read as zeros)
+    auto pair = [&](int u, int64_t j, bool y1) {
+      __m512bh w[R];
+      CASCADE_UNROLL(8)
+      for (int r = 0; r < R; ++r) w[r] = __m512bh(_mm512_set1_epi32(int32_t(pp[r * PS + j / 2])));
+      CASCADE_UNROLL(4)
+      for (int c = 0; c < CB; ++c) {
+        const int64_t at = (c0 + c) * 32;
+        const __m512i x = _mm512_loadu_si512(vt + j * stride + at);
+        const __m512i y = y1 ? _mm512_loadu_si512(vt + (j + 1) * stride + at) : _mm512_setzero_si512();
+        const __m512bh lo = __m512bh(_mm512_unpacklo_epi16(x, y)), hi = __m512bh(_mm512_unpackhi_epi16(x, y));
+        CASCADE_UNROLL(8)
+        for (int r = 0; r < R; ++r) {
+          a[u][r][c][0] = _mm512_dpbf16_ps(a[u][r][c][0], w[r], lo);
+          a[u][r][c][1] = _mm512_dpbf16_ps(a[u][r][c][1], w[r], hi);
+        }
+      }
+    };
+    int64_t j = 0;
+    for (; j + 2 * U <= n; j += 2 * U)
+      CASCADE_UNROLL(2)
+      for (int u = 0; u < U; ++u) {
+        if (pf) pf->step();
+        pair(u, j + 2 * u, true);
+      }
+    for (; j < n; j += 2) {
+      if (pf) pf->step();
+      pair(0, j, j + 1 < n);
+    }
+    CASCADE_UNROLL(8)
+    for (int r = 0; r < R; ++r)
+      CASCADE_UNROLL(4)
+      for (int c = 0; c < CB; ++c)
+        CASCADE_UNROLL(2)
+        for (int h = 0; h < 2; ++h) {
+          __m512 sum = a[0][r][c][h];
+          CASCADE_UNROLL(2)
+          for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, a[u][r][c][h]);
+          _mm512_storeu_ps(acc + r * d + (c0 + c) * 32 + h * 16, sum);
+        }
+  }
+  if (pf_in) *pf_in = pf_local;
+}
+
+// The step() calls of few_pv_bf16 for n_rows rows, NB blocks (nb at run time) over n keys.
+inline constexpr int64_t few_bf16_pv_steps(int NB, int64_t nb, int64_t n_rows, int64_t n) {
+  const int r = int(std::min<int64_t>(n_rows, kFewRows));
+  const int64_t passes = NB > 0 ? NB / few_bf16_cb(NB, r) : nb;
+  return passes * ((n + 1) / 2);
+}
+
+template <int NB>
+inline void few_pv_bf16(const uint32_t* pp, int64_t n_rows, const uint16_t* vt, int64_t stride, int64_t n, int64_t nb,
+                        float* acc, int64_t d, avx512::FewPrefetch* pf) {
+  switch (n_rows) {
+#define CASCADE_FEW_PV_BF16_CASE(R)                                                                              \
+  case R:                                                                                                         \
+    return few_pv_bf16_rows<R, few_bf16_cb(NB, R), few_bf16_u(NB, R)>(pp, vt, stride, n, nb, acc, d, pf);
+    CASCADE_FEW_PV_BF16_CASE(1)
+    CASCADE_FEW_PV_BF16_CASE(2)
+    CASCADE_FEW_PV_BF16_CASE(3)
+    CASCADE_FEW_PV_BF16_CASE(4)
+    CASCADE_FEW_PV_BF16_CASE(5)
+    CASCADE_FEW_PV_BF16_CASE(6)
+    CASCADE_FEW_PV_BF16_CASE(7)
+#undef CASCADE_FEW_PV_BF16_CASE
+    default: return few_pv_bf16_rows<8, few_bf16_cb(NB, 8), few_bf16_u(NB, 8)>(pp, vt, stride, n, nb, acc, d, pf);
+  }
+}
+
+// Heads [kvh, kvh + n_heads) together, tile by tile, as avx512::few_attend (same arguments, the same prefetches);
+// head_dim is NB * 32 (NB = 0: known at run time, a multiple of 32).
+template <int NB, class Mask>
+void few_attend(const float* q, int64_t n_rows, int n_heads, const KvView& kv, int kvh, int64_t t0, int64_t t1,
+                const Mask& mask, float scale, float* o, float* lse, Scratch& sc) {
+  constexpr int64_t KC = avx512::kFewChunk, SH = kFewRows * kFewTile;
+  const int64_t d = kv.head_dim;
+  const int64_t nb = NB > 0 ? NB : d / 32;
+  const int64_t n_state = n_rows * n_heads;
+  uint32_t* qp = reinterpret_cast<uint32_t*>(sc.get(0, n_state * d / 2));
+  float* A = sc.get(1, n_state * d);
+  float* m = sc.get(2, n_state);
+  float* l = sc.get(3, n_state);
+  float* s = sc.get(4, n_heads * SH);
+  uint32_t* pp = reinterpret_cast<uint32_t*>(sc.get(5, SH / 2));
+  float* row = sc.get(6, d);
+  // q rounded to bf16 (nearest even), head dims in pairs: 16 pairs per 32 floats
+  for (int64_t i = 0; i < n_state * d; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qp + i / 2), __m256i(_mm512_cvtneps_pbh(_mm512_loadu_ps(q + i))));
+  std::fill(A, A + n_state * d, 0.0f);
+  std::fill(m, m + n_state, kNegInf);
+  std::fill(l, l + n_state, 0.0f);
+  const float qs = scale * kLog2e;
+  const uint16_t* kb = static_cast<const uint16_t*>(kv.k);
+  const uint16_t* vb = static_cast<const uint16_t*>(kv.v);
+  avx512::FewPrefetch pf;
+  pf.to_l1 = prefetch_to_l1();
+  pf.stride = kv.stride_token * 2;
+  pf.bytes = ((n_heads - 1) * kv.stride_head + d) * 2;
+  auto bytes_at = [](const uint16_t* p) { return reinterpret_cast<const char*>(p); };
+  auto tile_keys = [&](int64_t a) { return std::min({kFewTile, t1 - a, kv.run_length(a)}); };
+  const int64_t n_groups = (n_rows + kFewBf16RowGroup - 1) / kFewBf16RowGroup;
+  for (int64_t a = t0; a < t1;) {
+    const int64_t n = tile_keys(a);
+    int64_t score_steps = 0;  // the first row group's, per chunk
+    for (int64_t j0 = 0; j0 < n; j0 += KC) score_steps += few_bf16_score_steps(std::min(KC, n - j0));
+    const int64_t steps = n_heads * (score_steps + few_bf16_pv_steps(NB, nb, n_rows, n));
+    if (a + n < t1)
+      pf.start(bytes_at(kb + kv.offset(a + n, kvh)), bytes_at(vb + kv.offset(a + n, kvh)), tile_keys(a + n), steps);
+    else
+      pf.start_next(sc.next, steps);  // the last tile: the start of what this thread attends next
+    for (int64_t j0 = 0; j0 < n; j0 += KC)
+      for (int h = 0; h < n_heads; ++h)
+        for (int64_t g = 0; g < n_groups; ++g) {
+          const int64_t r0 = g * kFewBf16RowGroup;
+          const uint32_t* qh = qp + (h * n_rows + r0) * d / 2;
+          const uint16_t* kt = kb + kv.offset(a + j0, kvh + h);
+          const int64_t nk = std::min(KC, n - j0);
+          float* sh = s + h * SH + r0 * kFewTile + j0;
+          avx512::FewPrefetch* p = g == 0 ? &pf : nullptr;  // the first row group's loop carries the prefetches
+          switch (std::min<int64_t>(kFewBf16RowGroup, n_rows - r0)) {
+            case 1: few_scores_bf16<NB, 1>(qh, kt, kv.stride_token, nk, nb, qs, sh, p); break;
+            case 2: few_scores_bf16<NB, 2>(qh, kt, kv.stride_token, nk, nb, qs, sh, p); break;
+            case 3: few_scores_bf16<NB, 3>(qh, kt, kv.stride_token, nk, nb, qs, sh, p); break;
+            default: few_scores_bf16<NB, 4>(qh, kt, kv.stride_token, nk, nb, qs, sh, p); break;
+          }
+        }
+    const bool full = mask.all_visible(0, n_rows, a, n);
+    for (int h = 0; h < n_heads; ++h) {
+      float* sh = s + h * SH;
+      float* Ah = A + h * n_rows * d;
+      if (!full)
+        for (int64_t r = 0; r < n_rows; ++r)
+          for (int64_t j = 0; j < n; ++j)
+            if (!mask.visible(r, a + j)) sh[r * kFewTile + j] = kNegInf;
+      avx512::few_softmax(sh, n_rows, n, m + h * n_rows, l + h * n_rows, Ah, d);
+      // the weights as bf16 key pairs, zero past key n (a row that sees nothing yet holds -inf there)
+      uint16_t* pw = reinterpret_cast<uint16_t*>(pp);
+      for (int64_t r = 0; r < n_rows; ++r)
+        for (int64_t j = 0; j < n; j += 16) {
+          const __mmask16 live = n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1);
+          const __m512 p = _mm512_maskz_loadu_ps(live, sh + r * kFewTile + j);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(pw + r * kFewTile + j), __m256i(_mm512_cvtneps_pbh(p)));
+        }
+      few_pv_bf16<NB>(pp, n_rows, vb + kv.offset(a, kvh + h), kv.stride_token, n, nb, Ah, d, &pf);
+    }
+    pf.finish();
+    a += n;
+  }
+  for (int64_t r = 0; r < n_state; ++r) {
+    const float* ar = A + r * d;
+    for (int64_t c = 0; c < d; c += 32)
+      for (int64_t i = 0; i < 32; ++i) row[c + few_pair_dim(i)] = ar[c + i];
+    finish_row(row, 1, m[r], l[r], d, o + r * d, lse + r);
+  }
+}
+
 // Multiply-adds per second of vdpbf16ps over those of 512-bit f32 FMAs on the calling core: each instruction
 // stream timed over 12 independent chains of 2,048 steps (~30 us), best of three, the two kinds alternating. It
 // differs by CPU: about 2x on some (the bf16 products then double the shared pass's rate), 0.5x on others
@@ -407,6 +663,12 @@ void attend_typed(bool few, const float* q, int64_t n_rows, int n_heads, const K
                   int64_t t1, const Mask& mask, float scale, Bf16Kernel bk, float* o, float* lse, Scratch& sc) {
   const int64_t d = kv.head_dim;
   if (few) {
+    if constexpr (std::is_same_v<T, bf16>)
+      if (bk == Bf16Kernel::dot && cpu_features().avx512_bf16 && d % 32 == 0) switch (d) {
+          case 64: return avx512_bf16::few_attend<2, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+          case 128: return avx512_bf16::few_attend<4, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+          default: return avx512_bf16::few_attend<0, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+        }
     switch (d) {
       case 64: return few_attend<T, 4, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
       case 128: return few_attend<T, 8, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
