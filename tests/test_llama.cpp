@@ -497,6 +497,21 @@ TEST_CASE("llama: f16 cache within the f16 tolerance, no GQA when head_count_kv 
   }
 }
 
+// A bf16 cache keeps 8 bits of each K/V element (the f16 one 11), and on CPUs whose bf16 dot products
+// out-run their f32 FMAs both passes round q and the softmax weights to bf16 as well (cpu/kernel_avx512.hpp):
+// four times the f16 cache's error from the storage, as much again from the products (seen: 8e-3 at most).
+TEST_CASE("llama: bf16 cache within the bf16 tolerance, on bf16 products and in f32") {
+  const Tiny t = make_tiny(Spec{}, 5);
+  for (bool products : {false, true}) {
+    const cpu::Bf16Products use(products);
+    for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified, AttnMethod::auto_}) {
+      CAPTURE(attn_method_name(m));
+      CAPTURE(products);
+      run_scenario(t, m, DType::bf16, {4e-2, 4e-2});
+    }
+  }
+}
+
 namespace {
 
 // Logits of every row of a 12-token prefill, then of 3 single-token decode steps: (15, n_vocab).

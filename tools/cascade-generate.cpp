@@ -3,7 +3,7 @@
 //
 //   cascade-generate [-m MODEL.gguf] [-p TEXT | -f FILE] [-n N] [-np N] [-c N] [-t N] [-b N] [--temp T]
 //                    [--top-k K] [--top-p P] [--min-p P] [-s SEED] [--attn auto|cascade|split|unified]
-//                    [--cost-model FILE] [--recalibrate] [--kv-type f16|f32] [--chat] [--ignore-eos]
+//                    [--cost-model FILE] [--recalibrate] [--kv-type f16|bf16|f32] [--chat] [--ignore-eos]
 //                    [--stats-every N] [--stream] [--json]
 //
 // stdout: each sequence's text (or, with --json, one JSON object). stderr: the startup line, notes, the
@@ -79,7 +79,8 @@ constexpr const char* kUsage =
     "  --cost-model FILE     auto's profile from FILE instead of the cache: read when FILE exists, else\n"
     "                        calibrated at the start and written to FILE\n"
     "  --recalibrate         calibrate auto's profile anew and store it (in the cache, or FILE)\n"
-    "  --kv-type TYPE        K/V storage: f16 (default) or f32\n"
+    "  --kv-type TYPE        K/V storage: f16 (default), bf16 (multiplied on bf16 dot products where the\n"
+    "                        CPU runs them faster than f32 FMAs) or f32\n"
     "  --chat                wrap each prompt in the model's chat template as a user message\n"
     "  --ignore-eos          keep generating past end-of-generation tokens (fixed-length runs for timing)\n"
     "  --stats-every N       print the decode step time every N steps (default 0: off)\n"
@@ -177,7 +178,7 @@ std::optional<Options> parse_args(int argc, char** argv) {
       o.recalibrate = true;
     } else if (a == "--kv-type") {
       const std::string v = value();
-      CASCADE_CHECK(v == "f16" || v == "f32", "--kv-type must be f16 or f32 (got '", v, "')");
+      CASCADE_CHECK(v == "f16" || v == "bf16" || v == "f32", "--kv-type must be f16, bf16 or f32 (got '", v, "')");
       o.gen.kv_dtype = cascade::parse_dtype(v);
     } else if (a == "--chat") {
       o.chat = true;

@@ -3,7 +3,7 @@
 // sequences below it (server/engine.hpp, server/api.hpp).
 //
 //   cascade-server [-m MODEL.gguf] [--host H] [--port P] [-np N] [-c N] [-t N] [-b N] [--queue N]
-//                  [--attn auto|cascade|split|unified] [--kv-budget MIB] [--kv-type f16|f32] [--api-key KEY]
+//                  [--attn auto|cascade|split|unified] [--kv-budget MIB] [--kv-type f16|bf16|f32] [--api-key KEY]
 //                  [--chat-template chatml|llama3|FILE] [--alias NAME] [--http-threads N] [--max-body BYTES]
 //                  [--read-timeout S] [--request-timeout S] [--idle-timeout S] [--shutdown-timeout S]
 //
@@ -64,7 +64,8 @@ constexpr const char* kUsage =
     "                          with masks, as llama.cpp)\n"
     "  --kv-budget MIB         K/V kept, cached prefixes included; unused cached prefixes are evicted least\n"
     "                          recently used first (default: 2 x -np x -c tokens' worth)\n"
-    "  --kv-type TYPE          K/V storage: f16 (default) or f32\n"
+    "  --kv-type TYPE          K/V storage: f16 (default), bf16 (multiplied on bf16 dot products where the\n"
+    "                          CPU runs them faster than f32 FMAs) or f32\n"
     "  --api-key KEY           require `Authorization: Bearer KEY` (all endpoints but /health)\n"
     "  --chat-template NAME    chatml, llama3, or a file holding a template to recognize (default: the model's)\n"
     "  --alias NAME            the model's name in the API (default: the file's name without .gguf)\n"
@@ -129,7 +130,7 @@ std::optional<Options> parse_args(int argc, char** argv) {
       o.kv_budget_mib = parse_int(a, value(), 1, int64_t(1) << 30);
     } else if (a == "--kv-type") {
       const std::string v = value();
-      CASCADE_CHECK(v == "f16" || v == "f32", "--kv-type must be f16 or f32 (got '", v, "')");
+      CASCADE_CHECK(v == "f16" || v == "bf16" || v == "f32", "--kv-type must be f16, bf16 or f32 (got '", v, "')");
       o.engine.kv_dtype = cascade::parse_dtype(v);
     } else if (a == "--api-key") {
       o.api_key = value();

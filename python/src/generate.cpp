@@ -61,8 +61,11 @@ GenerateParams params_of(const GenerateArgs& a) {
   if (a.threads < 0) value_error("threads: must be >= 0 (0: all), got ", a.threads);
   if (a.batch_size < 1) value_error("batch_size: must be >= 1, got ", a.batch_size);
   if (a.n_ctx < 0) value_error("n_ctx: must be >= 0 (0: the model's), got ", a.n_ctx);
-  if (a.kv_type != "f16" && a.kv_type != "f32" && a.kv_type != "float16" && a.kv_type != "float32")
-    value_error("kv_type: expected 'float16' or 'float32', got '", a.kv_type, "'");
+  DType kv_dtype;
+  if (a.kv_type == "float16" || a.kv_type == "f16") kv_dtype = DType::f16;
+  else if (a.kv_type == "bfloat16" || a.kv_type == "bf16") kv_dtype = DType::bf16;
+  else if (a.kv_type == "float32" || a.kv_type == "f32") kv_dtype = DType::f32;
+  else value_error("kv_type: expected 'float16', 'bfloat16' or 'float32', got '", a.kv_type, "'");
   GenerateParams p;
   p.n_predict = a.max_tokens;
   p.n_parallel = a.n;
@@ -79,7 +82,7 @@ GenerateParams params_of(const GenerateArgs& a) {
     value_error("recalibrate: given with a cost_model (there is nothing to measure)");
   if (a.recalibrate && p.attn != AttnMethod::auto_)
     value_error("recalibrate: given with attn='", a.attn, "' (it is for 'auto')");
-  p.kv_dtype = a.kv_type == "f32" || a.kv_type == "float32" ? DType::f32 : DType::f16;
+  p.kv_dtype = kv_dtype;
   p.sampling.temp = a.temperature;
   p.sampling.top_k = a.top_k;
   p.sampling.top_p = a.top_p;

@@ -54,6 +54,16 @@ def test_greedy_repeats_itself_for_every_method(model):
     assert r.tokens == runs["auto"].tokens and r.timings["calibrate_ms"] == 0
 
 
+def test_every_kv_type_generates_and_repeats_itself(model):
+    for kv in ("bfloat16", "float32", "f16"):
+        def greedy():
+            return model.generate("Once upon a time", n=2, max_tokens=8, temperature=0, attn="cascade",
+                                  ignore_eos=True, kv_type=kv)
+        r = greedy()
+        assert all(len(t) == 8 for t in r.tokens), kv
+        assert greedy().tokens == r.tokens, kv
+
+
 def test_auto_profile_kept_in_the_cache(model, tmp_path, monkeypatch):
     # The first auto run calibrates and keeps the profile; the next reads it (no calibration) and generates the
     # same greedy text; recalibrate=True measures anew; a damaged file or a folder that cannot be written is a
