@@ -93,18 +93,21 @@ TEST_CASE("simd: the CPU's name and feature names agree with /proc/cpuinfo") {
   CHECK(ours.size() <= 12);
 }
 
-TEST_CASE("simd: the vendor that CPUID names agrees with /proc/cpuinfo and picks where prefetches go") {
+TEST_CASE("simd: the vendor and family that CPUID names agree with /proc/cpuinfo and pick where prefetches go") {
   std::ifstream in("/proc/cpuinfo");
   std::string line, vendor;
-  while (vendor.empty() && std::getline(in, line))
-    if (line.rfind("vendor_id", 0) == 0) {
-      std::istringstream words(line.substr(line.find(':') + 1));
-      words >> vendor;
-    }
-  if (vendor.empty()) {
-    MESSAGE("no /proc/cpuinfo vendor_id here: nothing to compare with");
+  int family = -1;
+  while ((vendor.empty() || family < 0) && std::getline(in, line)) {
+    std::istringstream words(line.substr(line.find(':') + 1));
+    if (line.rfind("vendor_id", 0) == 0) words >> vendor;
+    else if (line.rfind("cpu family", 0) == 0) words >> family;
+  }
+  if (vendor.empty() || family < 0) {
+    MESSAGE("no /proc/cpuinfo vendor_id or cpu family here: nothing to compare with");
     return;
   }
   CHECK(cascade::cpu_features().amd == (vendor == "AuthenticAMD"));
-  CHECK(cascade::prefetch_to_l1() == (vendor == "AuthenticAMD"));  // the attention kernels' K/V prefetches
+  CHECK(cascade::cpu_features().family == family);
+  // the attention kernels' K/V prefetches: into L1 on Zen 5 and later AMD cores
+  CHECK(cascade::prefetch_to_l1() == (vendor == "AuthenticAMD" && family >= 26));
 }

@@ -96,6 +96,7 @@ struct CpuFeatures {
   bool avx512_vnni = false, avx512_bf16 = false;               // vpdpbusd, vdpbf16ps on zmm
   bool amx_tile = false, amx_bf16 = false;                     // AMX tiles, tdpbf16ps (Sapphire Rapids)
   bool amd = false;                                            // "AuthenticAMD": prefetch hints differ by vendor
+  int family = 0;                                              // CPUID's display family (AMD: 25 Zen 3/4, 26 Zen 5)
   // The tiers the kernels are written for.
   bool has_avx2_tier() const { return avx2 && fma && f16c; }
   bool has_avx512_tier() const { return has_avx2_tier() && avx512f && avx512bw && avx512vl && avx512dq; }
@@ -111,6 +112,8 @@ inline CpuFeatures read_cpu_features() {
   const unsigned max_leaf = a;
   f.amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "Auth" "enti" "cAMD"
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  f.family = int((a >> 8) & 0xF);
+  if (f.family == 0xF) f.family += int((a >> 20) & 0xFF);
   const bool osxsave = c & (1u << 27), avx = c & (1u << 28);
   f.fma = c & (1u << 12);
   f.f16c = c & (1u << 29);
@@ -152,14 +155,17 @@ inline const CpuFeatures& cpu_features() {
   return features;
 }
 
-// Where the attention kernels' software prefetches of K/V go: into L1 (prefetcht0) on AMD cores, into L2
-// (prefetcht1) elsewhere. On a Zen 5 (family 26), from memory: one K1 item of the per-sequence pass 0.038 ->
-// 0.033 ms, 4-8 rows x 4-8 KV heads x 64-128 1.2-1.3x faster, K1's whole per-sequence pass on two threads
-// 0.743 -> 0.69 ms (medians); the tiled kernel at K2 with bf16 products 3.29 -> 3.23 ms (medians of 5).
-// Intel cores keep prefetcht1, where the kernels were tuned (prefetcht0 was not measured there). The linear
-// layers keep prefetcht1 on every CPU: with prefetcht0 this Zen 5 ran Llama-3.2-1B's q4_K layers 2.6x slower.
+// Where the attention kernels' software prefetches of K/V go: into L1 (prefetcht0) on AMD cores from Zen 5 on
+// (family 26 and later), into L2 (prefetcht1) elsewhere. On a Zen 5, from memory: one K1 item of the
+// per-sequence pass 0.038 -> 0.033 ms, 4-8 rows x 4-8 KV heads x 64-128 1.2-1.3x faster, K1's whole
+// per-sequence pass on two threads 0.743 -> 0.69 ms (medians); the tiled kernel at K2 with bf16 products 3.29 ->
+// 3.23 ms (medians of 5). On a Zen 4 (family 25) it is the other way: one thread's per-sequence items of 3-4
+// rows x 8 KV heads from memory ran 1.1-1.3x faster with prefetcht1 (f16 and bf16 alike), the tiled kernel
+// within 2%. Intel cores keep prefetcht1, where the kernels were tuned (prefetcht0 was not measured there). The
+// linear layers keep prefetcht1 on every CPU: with prefetcht0 the Zen 5 ran Llama-3.2-1B's q4_K layers 2.6x
+// slower.
 inline bool prefetch_to_l1() {
-  static const bool to_l1 = cpu_features().amd;
+  static const bool to_l1 = cpu_features().amd && cpu_features().family >= 26;
   return to_l1;
 }
 

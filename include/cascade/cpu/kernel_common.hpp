@@ -46,7 +46,8 @@ enum class Bf16Kernel : uint8_t { f32 = 0, dot = 1, tiles = 2 };
 //     pass 1.1x from memory).
 // 11: the per-sequence pass multiplies bf16 K/V on vdpbf16ps where the shared pass does (1.1-1.6x per item on Zen 4
 //     with 3-8 rows per KV head).
-inline constexpr int kKernelRevision = 11;
+// 12: on Zen 4 (AMD family 25) the prefetches go into L2 again (simd.hpp: the per-sequence pass 1.1-1.3x there).
+inline constexpr int kKernelRevision = 12;
 
 // K/V token rows a kernel call asks for over its last tile: the start of what the calling thread attends next
 // (the next segment of its work item, or its next item), so that a short item's reads are under way before it
