@@ -37,18 +37,8 @@ inline std::atomic<int>& bf16_products_flag() {
 // Whether this CPU's bf16 dot products out-run its f32 FMAs by a margin (20%), measured once per process
 // (~0.2 ms): far apart where they differ at all (2x and 0.5x on the CPUs measured), so the choice does not
 // move between runs on one machine.
-// Where AMX tiles may run, bf16 products are faster (16x the f32 FMA rate per core on Sapphire Rapids).
-inline bool bf16_products_faster() {
-#if CASCADE_X86
-  static const bool faster = detected_isa() == Isa::avx512 && cpu_features().avx512_bf16 &&
-                             (amx_usable() || avx512_bf16::bf16_over_fma_rate() > 1.2);
-  return faster;
-#else
-  return false;
-#endif
-}
-// Whether vdpbf16ps itself out-runs this CPU's f32 FMAs by that margin (the per-sequence pass has no AMX form),
-// measured once per process where it is first asked.
+// Where AMX tiles may run, bf16 products are faster (16x the f32 FMA rate per core on Sapphire Rapids);
+// bf16_dots_faster() says whether vdpbf16ps itself is (the per-sequence pass has no AMX form).
 inline bool bf16_dots_faster() {
 #if CASCADE_X86
   static const bool faster = detected_isa() == Isa::avx512 && cpu_features().avx512_bf16 &&
@@ -57,6 +47,11 @@ inline bool bf16_dots_faster() {
 #else
   return false;
 #endif
+}
+inline bool bf16_products_faster() {
+  static const bool faster = detected_isa() == Isa::avx512 && cpu_features().avx512_bf16 &&
+                             (amx_usable() || bf16_dots_faster());
+  return faster;
 }
 // -1: not set (on where amx_usable()); 0 or 1: set.
 inline std::atomic<int>& amx_tiles_flag() {
@@ -125,11 +120,13 @@ inline Bf16Kernel bf16_kernel(Isa isa = active_isa()) {
 // tiled kernel takes bf16 products, except where those run on AMX tiles and vdpbf16ps is slower than this CPU's
 // f32 FMAs (Sapphire Rapids: half their rate); else in f32.
 inline Bf16Kernel few_bf16_kernel(Isa isa = active_isa()) {
-  const Bf16Kernel k = bf16_kernel(isa);
-  if (k == Bf16Kernel::tiles && !(detail::bf16_products_flag().load(std::memory_order_relaxed) == 1 ||
-                                  detail::bf16_dots_faster()))
-    return Bf16Kernel::f32;
-  return k == Bf16Kernel::f32 ? k : Bf16Kernel::dot;
+  switch (bf16_kernel(isa)) {
+    case Bf16Kernel::f32: return Bf16Kernel::f32;
+    case Bf16Kernel::dot: return Bf16Kernel::dot;
+    case Bf16Kernel::tiles: break;
+  }
+  const bool set_on = detail::bf16_products_flag().load(std::memory_order_relaxed) == 1;  // set_bf16_products(true)
+  return set_on || detail::bf16_dots_faster() ? Bf16Kernel::dot : Bf16Kernel::f32;
 }
 
 // The name of the bf16 kernel (for reports): "" (f32), "+bf16" (vdpbf16ps) or "+amx".
