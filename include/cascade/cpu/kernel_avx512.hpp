@@ -350,7 +350,7 @@ constexpr int64_t few_pair_dim(int64_t i) { return (i & 15) / 4 * 8 + (i >= 16 ?
 
 // Rows per pass of the score loop (R * 4 accumulators), and 32-dim blocks per pass of the P V loop for R rows
 // and NB blocks (0: known at run time, one at a time): as many as fit 24 accumulators, with two key pairs in
-// flight (FewPvU) when that leaves fewer than 8 chains.
+// flight (few_bf16_u) when that leaves fewer than 8 chains.
 inline constexpr int kFewBf16RowGroup = 4;
 inline constexpr int few_bf16_cb(int NB, int R) {
   if (NB <= 0) return 1;
@@ -563,10 +563,7 @@ void few_attend(const float* q, int64_t n_rows, int n_heads, const KvView& kv, i
     for (int h = 0; h < n_heads; ++h) {
       float* sh = s + h * SH;
       float* Ah = A + h * n_rows * d;
-      if (!full)
-        for (int64_t r = 0; r < n_rows; ++r)
-          for (int64_t j = 0; j < n; ++j)
-            if (!mask.visible(r, a + j)) sh[r * kFewTile + j] = kNegInf;
+      if (!full) avx512::few_mask(sh, n_rows, a, n, mask);
       avx512::few_softmax(sh, n_rows, n, m + h * n_rows, l + h * n_rows, Ah, d);
       // the weights as bf16 key pairs, zero past key n (a row that sees nothing yet holds -inf there)
       uint16_t* pw = reinterpret_cast<uint16_t*>(pp);
@@ -663,12 +660,16 @@ void attend_typed(bool few, const float* q, int64_t n_rows, int n_heads, const K
                   int64_t t1, const Mask& mask, float scale, Bf16Kernel bk, float* o, float* lse, Scratch& sc) {
   const int64_t d = kv.head_dim;
   if (few) {
-    if constexpr (std::is_same_v<T, bf16>)
-      if (bk == Bf16Kernel::dot && cpu_features().avx512_bf16 && d % 32 == 0) switch (d) {
-          case 64: return avx512_bf16::few_attend<2, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
-          case 128: return avx512_bf16::few_attend<4, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
-          default: return avx512_bf16::few_attend<0, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (bk == Bf16Kernel::dot && cpu_features().avx512_bf16 && d % 32 == 0) {
+        namespace b = avx512_bf16;
+        switch (d) {
+          case 64: return b::few_attend<2, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+          case 128: return b::few_attend<4, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+          default: return b::few_attend<0, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
         }
+      }
+    }
     switch (d) {
       case 64: return few_attend<T, 4, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
       case 128: return few_attend<T, 8, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
