@@ -18,6 +18,8 @@ the overhead (Python median - C++ median, in microseconds).
 
 import argparse
 import os
+import pathlib
+import re
 import statistics
 import time
 
@@ -41,18 +43,29 @@ POINTS = [
 
 
 class Flusher:
-    """Evicts the caches by writing a buffer twice the last-level cache (at least 64 MiB)."""
+    """Evicts the caches as cascade-bench does: reads (not writes, so no dirty lines are left whose write-back
+    would slow the timed call) a buffer twice the last-level cache, at least 64 MiB and at most 1 GiB."""
 
     def __init__(self):
-        llc = 0
-        try:
-            llc = os.sysconf("SC_LEVEL3_CACHE_SIZE")
-        except (ValueError, OSError):
-            pass
-        self.buf = np.zeros(max(64 << 20, 2 * max(llc, 0)) // 4, np.float32)
+        self.buf = np.ones(min(max(64 << 20, 2 * llc_bytes()), 1 << 30) // 4, np.float32)
+        self.sink = 0.0
 
     def __call__(self):
-        np.add(self.buf, 1.0, out=self.buf)
+        self.sink += float(self.buf.sum())
+
+
+def llc_bytes():
+    """Bytes of the largest cache Linux lists for CPU 0 (sysfs), 0 when it lists none."""
+    best = 0
+    for d in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (d / "size").read_text().strip()
+        except OSError:
+            continue
+        m = re.fullmatch(r"(\d+)([KMG]?)", text)
+        if m:
+            best = max(best, int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)])
+    return best
 
 
 def variants(plan, rng, shape):
