@@ -29,6 +29,7 @@ struct Torch {
   PyObject* bf16 = nullptr;
   PyObject* strided = nullptr;
   PyObject* empty = nullptr;
+  PyObject* cpu = nullptr;  // torch.device("cpu"): results are made there whatever torch's default device
 };
 
 const Torch& torch_objects() {
@@ -44,10 +45,16 @@ const Torch& torch_objects() {
   found.strided = PyObject_GetAttrString(torch, "strided");
   found.tensor = PyObject_GetAttrString(torch, "Tensor");
   found.empty = PyObject_GetAttrString(torch, "empty");
+  if (PyObject* device = PyObject_GetAttrString(torch, "device")) {
+    found.cpu = PyObject_CallFunction(device, "s", "cpu");
+    Py_DECREF(device);
+  }
   PyErr_Clear();
-  if (found.f32 && found.f16 && found.bf16 && found.strided && found.tensor && found.empty && PyType_Check(found.tensor))
+  if (found.f32 && found.f16 && found.bf16 && found.strided && found.tensor && found.empty && found.cpu &&
+      PyType_Check(found.tensor))
     return t = found;
-  for (PyObject* o : {found.f32, found.f16, found.bf16, found.strided, found.tensor, found.empty}) Py_XDECREF(o);
+  for (PyObject* o : {found.f32, found.f16, found.bf16, found.strided, found.tensor, found.empty, found.cpu})
+    Py_XDECREF(o);
   return t;
 }
 
@@ -96,6 +103,14 @@ bool read_tensor(const Torch& t, nb::handle obj, nb::dlpack::dtype& dtype, size_
     return false;
   }
   return true;
+}
+
+// obj.requires_grad, false when it has none.
+bool requires_grad(nb::handle obj) {
+  static PyObject* const s_requires_grad = interned("requires_grad");
+  const nb::object r = nb::steal(PyObject_GetAttr(obj.ptr(), s_requires_grad));
+  if (!r) PyErr_Clear();
+  return r.ptr() == Py_True;
 }
 
 // Calls f(element offset) for every element of a in row-major order (offsets in elements).
@@ -230,6 +245,10 @@ ArrayRef as_array(nb::handle obj, Name name, bool writable) {
   ArrayRef a;
   const Torch& t = torch_objects();
   if (is_tensor(t, obj) && read_tensor(t, obj, a.dtype_, a.ndim_, a.shape_.data(), a.strides_.data(), a.data_)) {
+    // As torch's own out= arguments: writing behind autograd's back is refused.
+    if (writable && requires_grad(obj))
+      type_error(name, ": a tensor that requires grad cannot be written to (autograd would not see it); pass one "
+                 "that does not, or ", name, ".detach() to write anyway");
     a.owner_ = nb::borrow(obj);
     return a;
   }
@@ -332,15 +351,16 @@ void write_from_f32(const float* src, void* dst, DType dt, int64_t n) {
 NewArray new_array(Framework fw, DType dt, const std::vector<int64_t>& shape) {
   // The framework's own empty(): cheaper than exporting memory of ours through DLPack.
   static PyObject* const s_dtype = interned("dtype");
-  static PyObject* const kw_dtype = PyTuple_Pack(1, s_dtype);  // kept for the process's life
+  static PyObject* const s_device = interned("device");
+  static PyObject* const kw_torch = PyTuple_Pack(2, s_dtype, s_device);  // kept for the process's life
   nb::tuple sh = nb::steal<nb::tuple>(PyTuple_New(Py_ssize_t(shape.size())));
   for (size_t i = 0; i < shape.size(); ++i) PyTuple_SET_ITEM(sh.ptr(), Py_ssize_t(i), PyLong_FromLongLong(shape[i]));
   const Torch& t = torch_objects();
   NewArray out;
   if (fw == Framework::torch && t.empty) {
     PyObject* dtype = dt == DType::f32 ? t.f32 : dt == DType::f16 ? t.f16 : t.bf16;
-    PyObject* args[] = {sh.ptr(), dtype};
-    out.obj = nb::steal(PyObject_Vectorcall(t.empty, args, 1, kw_dtype));
+    PyObject* args[] = {sh.ptr(), dtype, t.cpu};
+    out.obj = nb::steal(PyObject_Vectorcall(t.empty, args, 1, kw_torch));
   } else {
     static PyObject* const np_empty = [] {
       nb::object np = nb::module_::import_("numpy");

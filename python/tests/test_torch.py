@@ -137,3 +137,34 @@ def test_bad_tensors():
     meta = torch.zeros(1, 2, 8, device="meta")
     with pytest.raises((TypeError, ValueError), match=r"^q: "):
         plan.run(k, k, meta)
+
+
+def test_results_on_the_cpu_whatever_the_default_device(rng):
+    # Engines often set a default device; results still come back where the inputs are, and right.
+    plan = cascade.Plan.two_level(12, [5, 3], n_q_heads=4, n_kv_heads=2, head_dim=16)
+    k = [torch.from_numpy(rng.uniform(-1, 1, (n, 2, 16)).astype(np.float32)) for n in plan.segments]
+    v = [torch.from_numpy(rng.uniform(-1, 1, (n, 2, 16)).astype(np.float32)) for n in plan.segments]
+    q = torch.from_numpy(rng.uniform(-1, 1, (plan.n_rows, 4, 16)).astype(np.float32))
+    torch.set_default_device("meta")
+    try:
+        o, lse = plan.run(k, v, q)
+    finally:
+        torch.set_default_device(None)
+    assert o.device.type == "cpu" and lse.device.type == "cpu"
+    ref = sdpa(k, v, q, [[0, 1], [0, 2]], [1, 1], default_scale(16))
+    close(o, ref, torch.float32, "results under a meta default device")
+
+
+def test_written_tensors_that_require_grad_are_refused():
+    # As torch's own out= arguments: a write autograd would not see is an error, naming the argument.
+    plan = cascade.Plan.two_level(4, [2], n_q_heads=2, n_kv_heads=1, head_dim=8)
+    k = [torch.zeros(4, 1, 8), torch.zeros(2, 1, 8)]
+    q = torch.zeros(1, 2, 8, requires_grad=True)  # read only: allowed
+    out, lse = torch.zeros(1, 2, 8, requires_grad=True), torch.zeros(1, 2)
+    with pytest.raises(TypeError, match=r"^out: a tensor that requires grad cannot be written to"):
+        plan.run(k, k, q, out=out, lse=lse)
+    with pytest.raises(TypeError, match=r"^lse: a tensor that requires grad cannot be written to"):
+        plan.run(k, k, q, out=out.detach(), lse=lse.requires_grad_(True))
+    assert (out == 0).all()
+    plan.run(k, k, q, out=out.detach(), lse=lse.detach())  # detached: written
+    assert torch.isfinite(lse).all()
