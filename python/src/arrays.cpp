@@ -113,6 +113,14 @@ bool requires_grad(nb::handle obj) {
   return r.ptr() == Py_True;
 }
 
+// obj.is_neg(), false when it has none.
+bool negative_bit(nb::handle obj) {
+  static PyObject* const s_is_neg = interned("is_neg");
+  const nb::object r = nb::steal(PyObject_CallMethodNoArgs(obj.ptr(), s_is_neg));
+  if (!r) PyErr_Clear();
+  return r.ptr() == Py_True;
+}
+
 // Calls f(element offset) for every element of a in row-major order (offsets in elements).
 template <class F>
 void for_each_offset(const ArrayRef& a, F&& f) {
@@ -245,6 +253,10 @@ ArrayRef as_array(nb::handle obj, Name name, bool writable) {
   ArrayRef a;
   const Torch& t = torch_objects();
   if (is_tensor(t, obj) && read_tensor(t, obj, a.dtype_, a.ndim_, a.shape_.data(), a.strides_.data(), a.data_)) {
+    // A lazily negated view (its negative bit set, as z.conj().imag) holds the elements' opposites.
+    if (negative_bit(obj))
+      value_error(name, ": the tensor is a lazily negated view (its negative bit is set); pass ", name,
+                  ".resolve_neg()");
     // As torch's own out= arguments: writing behind autograd's back is refused.
     if (writable && requires_grad(obj))
       type_error(name, ": a tensor that requires grad cannot be written to (autograd would not see it); pass one "

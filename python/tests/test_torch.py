@@ -168,3 +168,19 @@ def test_written_tensors_that_require_grad_are_refused():
     assert (out == 0).all()
     plan.run(k, k, q, out=out.detach(), lse=lse.detach())  # detached: written
     assert torch.isfinite(lse).all()
+
+
+def test_lazily_negated_views_are_refused():
+    # A tensor with its negative bit set holds the opposites of what its memory says: read raw, it would give a
+    # silently wrong answer. z.conj().imag is one; torch._neg_view makes a dense one (K/V must be dense).
+    plan = cascade.Plan.two_level(4, [2], n_q_heads=2, n_kv_heads=1, head_dim=8)
+    k = [torch.randn(4, 1, 8), torch.randn(2, 1, 8)]
+    q = torch.randn(1, 2, 8, dtype=torch.complex64).conj().imag
+    assert q.is_neg()
+    with pytest.raises(ValueError, match=r"^q: the tensor is a lazily negated view"):
+        plan.run(k, k, q)
+    o, _ = plan.run(k, k, q.resolve_neg())
+    close(o, sdpa(k, k, q.resolve_neg(), [[0, 1]], [1], default_scale(8)), torch.float32, "resolved q")
+    if hasattr(torch, "_neg_view"):
+        with pytest.raises(ValueError, match=r"^k\[1\]: the tensor is a lazily negated view"):
+            plan.run([k[0], torch._neg_view(k[1])], k, q.resolve_neg())
