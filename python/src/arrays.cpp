@@ -1,5 +1,6 @@
 #include "arrays.hpp"
 
+#include <bit>
 #include <cstring>
 
 namespace cascade::py {
@@ -197,7 +198,7 @@ namespace {
 // The element type a buffer's struct-module format names (native byte order), or code 0 when unknown.
 nb::dlpack::dtype format_dtype(const char* f) {
   using code = nb::dlpack::dtype_code;
-  if (*f == '@' || *f == '=' || *f == '<') ++f;
+  if (*f == '@' || *f == '=' || *f == '<' || *f == '>' || *f == '!') ++f;  // the byte order: checked by the caller
   if (f[0] == 0 || f[1] != 0) return {};
   const auto t = [](code c, int bits) { return nb::dlpack::dtype{uint8_t(c), uint8_t(bits), 1}; };
   switch (f[0]) {
@@ -231,7 +232,15 @@ bool ArrayRef::from_buffer(nb::handle obj, Name name, bool writable) {
                              nb::inst_name(obj).c_str());
     return false;
   }
-  dtype_ = format_dtype(view_.format ? view_.format : "B");
+  const char* format = view_.format ? view_.format : "B";
+  dtype_ = format_dtype(format);
+  const bool little = std::endian::native == std::endian::little;
+  if (dtype_.bits > 8 && ((format[0] == '<' && !little) || ((format[0] == '>' || format[0] == '!') && little))) {
+    PyBuffer_Release(&view_);
+    view_ = Py_buffer{};
+    type_error(name, ": its elements are in the other byte order; pass ", name, ".astype(", name,
+               ".dtype.newbyteorder('='))");
+  }
   if (dtype_.code == 0 && dtype_.bits == 0) {
     PyBuffer_Release(&view_);
     view_ = Py_buffer{};

@@ -189,6 +189,11 @@ def test_bad_arguments_name_the_argument(rng):
         plan.run(k, v, q, lse=np.zeros((2, 5), np.float32))
     with pytest.raises(ValueError, match=r"^out: must be C-contiguous"):
         plan.run(k, v, q, out=np.zeros((2, 4, 32), np.float32)[:, :, ::2])
+    swapped = q.astype(q.dtype.newbyteorder("S"))  # the other byte order: same values, other bytes
+    with pytest.raises(TypeError, match=r"^q: its elements are in the other byte order"):
+        plan.run(k, v, swapped)
+    with pytest.raises(TypeError, match=r"^k\[2\]: its elements are in the other byte order"):
+        plan.run(k[:2] + [k[2].astype(k[2].dtype.newbyteorder("S"))], v, q)
     ro = np.zeros((2, 4, 16), np.float32)
     ro.flags.writeable = False
     with pytest.raises(TypeError, match=r"^out: expected a writable"):
