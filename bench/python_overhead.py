@@ -6,7 +6,8 @@ a cache flush before every timed call as cascade-bench does.
 Points: a tiny step (the call overhead itself), a tiny step of 32 sequences (K1's 66 K/V arrays, whose
 per-array costs K1's milliseconds of work would hide on a busy machine), and cascade-bench's K1 (--shape
 smollm2-135m, B 32, P 1230, own 1024, f16) and K2 (--shape llama3-8b, B 32, P 4096, own 64, f16). Variants:
-K/V as one NumPy array per segment or as one array holding all segments; fresh results or out=/lse=; bound
+K/V as one NumPy array per segment, as one array holding all segments, or as a cache buffer holding them
+anywhere (starts=); fresh results or out=/lse=; bound
 (plan.bind(k, v) once, outside the timing, then bound.run(q): what an engine with preallocated K/V buffers
 calls once per layer); the same with PyTorch tensors when PyTorch is installed.
 
@@ -78,6 +79,9 @@ def variants(plan, rng, shape):
     v_list = [v_all[a:b] for a, b in zip(starts[:-1], starts[1:])]
     q = rng.uniform(-1, 1, (plan.n_rows, hq, d)).astype(np.float32)
     out, lse = np.empty_like(q), np.empty((plan.n_rows, hq), np.float32)
+    # starts= as an engine's cache buffer would use it, here over the same memory as the other variants (where
+    # the segments lie does not change what the call costs, and the same bytes keep warm runs comparable).
+    cache_k, cache_v, starts = k_all, v_all, [int(x) for x in starts[:-1]]
     # (label, k, v, q, keywords, bound): bound variants bind k, v once and time bound.run(q, **keywords).
     vs = [
         ("numpy, list", k_list, v_list, q, {}, False),
@@ -86,6 +90,7 @@ def variants(plan, rng, shape):
         ("numpy, one array, out=", k_all, v_all, q, {"out": out, "lse": lse}, False),
         ("numpy, list, bound", k_list, v_list, q, {}, True),
         ("numpy, list, bound, out=", k_list, v_list, q, {"out": out, "lse": lse}, True),
+        ("numpy, cache + starts, out=", cache_k, cache_v, q, {"starts": starts, "out": out, "lse": lse}, False),
     ]
     if torch is not None:
         t = torch.from_numpy
@@ -96,6 +101,9 @@ def variants(plan, rng, shape):
             ("torch, one array, out=", t(k_all), t(v_all), t(q), {"out": t(out), "lse": t(lse)}, False),
             ("torch, list, bound", tk, tv, t(q), {}, True),
             ("torch, list, bound, out=", tk, tv, t(q), {"out": t(out), "lse": t(lse)}, True),
+            ("torch, cache + starts", t(cache_k), t(cache_v), t(q), {"starts": starts}, False),
+            ("torch, cache + starts, out=", t(cache_k), t(cache_v), t(q),
+             {"starts": starts, "out": t(out), "lse": t(lse)}, False),
         ]
     return vs
 

@@ -120,19 +120,21 @@ class Plan:
         Every sequence on its own: sequence s attends only segment s (n_tokens[s] tokens). Options as Plan().
         """
 
-    def run(self, k: Array | Sequence[Array], v: Array | Sequence[Array], q: Array, *, out: Array | None = None, lse: Array | None = None) -> tuple[Any, Any]:
+    def run(self, k: Array | Sequence[Array], v: Array | Sequence[Array], q: Array, *, starts: Sequence[int] | None = None, out: Array | None = None, lse: Array | None = None) -> tuple[Any, Any]:
         """
         Attention of one layer: returns (o, lse).
 
         k, v: a list of one array per segment, (tokens, n_kv_heads, head_dim), or one array holding every
-        segment's tokens in segment order; float32, float16 or bfloat16; read in place (any strides with a dense
-        head_dim axis, K and V with the same layout). q: (n_rows, n_q_heads, head_dim), float32, float16 or
-        bfloat16. o has q's shape and dtype, lse is (n_rows, n_q_heads) float32 (natural log; -inf for a row
-        that sees no key, whose o is 0); both in q's framework, or written into out= and lse= (C-contiguous).
-        Computed in float32; the GIL is released meanwhile, so threads may run plans at once.
+        segment's tokens, one segment after another or where starts= says (starts[g]: the token segment g begins
+        at, in any order: a cache buffer with the segments anywhere in it); float32, float16 or bfloat16; read in
+        place (any strides with a dense head_dim axis, K and V with the same layout). q: (n_rows, n_q_heads,
+        head_dim), float32, float16 or bfloat16. o has q's shape and dtype, lse is (n_rows, n_q_heads) float32
+        (natural log; -inf for a row that sees no key, whose o is 0); both in q's framework, or written into out=
+        and lse= (C-contiguous). Computed in float32; the GIL is released meanwhile, so threads may run plans at
+        once.
         """
 
-    def bind(self, k: Array | Sequence[Array], v: Array | Sequence[Array]) -> BoundPlan:
+    def bind(self, k: Array | Sequence[Array], v: Array | Sequence[Array], *, starts: Sequence[int] | None = None) -> BoundPlan:
         """
         This plan bound to one layer's K/V: returns a BoundPlan, whose run(q) is Plan.run(k, v, q).
 
@@ -216,7 +218,7 @@ class SplitLayout:
     (as Plan.run takes them); run(q) attends.
     """
 
-    def __init__(self, plan: Plan, k: Array | Sequence[Array], v: Array | Sequence[Array]) -> None: ...
+    def __init__(self, plan: Plan, k: Array | Sequence[Array], v: Array | Sequence[Array], *, starts: Sequence[int] | None = None) -> None: ...
 
     def run(self, q: Array, *, out: Array | None = None, lse: Array | None = None) -> tuple[Any, Any]:
         """As Plan.run, on the copied K/V."""
@@ -231,7 +233,7 @@ class UnifiedLayout:
     run(q) attends.
     """
 
-    def __init__(self, plan: Plan, k: Array | Sequence[Array], v: Array | Sequence[Array]) -> None: ...
+    def __init__(self, plan: Plan, k: Array | Sequence[Array], v: Array | Sequence[Array], *, starts: Sequence[int] | None = None) -> None: ...
 
     def run(self, q: Array, *, out: Array | None = None, lse: Array | None = None) -> tuple[Any, Any]:
         """As Plan.run, on the copied K/V."""

@@ -170,7 +170,7 @@ bool ArrayRef::has_shape(std::initializer_list<int64_t> s) const {
   if (s.size() != ndim_) return false;
   size_t i = 0;
   for (int64_t x : s)
-    if (shape_[i++] != x) return false;
+    if (shape_[i++] != x && x >= 0) return false;
   return true;
 }
 
@@ -344,9 +344,10 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 }
 
 void check_shape(const ArrayRef& a, std::initializer_list<int64_t> want, Name name, const char* dims) {
-  if (!a.has_shape(want))
-    value_error(name, ": expected shape ", shape_str(std::vector<int64_t>(want)), " ", dims, ", got ",
-                shape_str(a.shape_vector()));
+  if (a.has_shape(want)) return;
+  std::string w = shape_str(std::vector<int64_t>(want));
+  for (size_t at; (at = w.find("-1")) != std::string::npos;) w.replace(at, 2, "any");
+  value_error(name, ": expected shape ", w, " ", dims, ", got ", shape_str(a.shape_vector()));
 }
 
 void read_f32(const ArrayRef& a, DType dt, float* dst) {

@@ -76,7 +76,7 @@ class ArrayRef {
   }
   // True when the array is laid out densely in row-major order (what the library's q, o, lse pointers mean).
   bool c_contiguous() const;
-  bool has_shape(std::initializer_list<int64_t> s) const;
+  bool has_shape(std::initializer_list<int64_t> s) const;  // a negative extent in s matches any
   std::vector<int64_t> shape_vector() const { return {shape_.begin(), shape_.begin() + ndim_}; }
 
  private:
@@ -100,7 +100,8 @@ std::string dtype_str(const nb::dlpack::dtype& dt);
 const char* python_dtype_name(DType dt);  // "float32", "float16", "bfloat16"
 
 std::string shape_str(const std::vector<int64_t>& shape);
-// ValueError naming the argument unless a has exactly shape `want`; `dims` names the dimensions in the message.
+// ValueError naming the argument unless a has exactly shape `want` (a negative extent: any); `dims` names the
+// dimensions in the message.
 void check_shape(const ArrayRef& a, std::initializer_list<int64_t> want, Name name, const char* dims);
 
 // An array's elements as f32, row-major, into dst (a.size() floats); any strides, any float dtype.

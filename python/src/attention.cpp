@@ -75,13 +75,38 @@ void check_pair(const ArrayRef& k, const ArrayRef& v, DType dk, DType dv, Name k
 
 bool is_list(nb::handle h) { return PyList_Check(h.ptr()) || PyTuple_Check(h.ptr()); }
 
-// k, v: a list (or tuple) of one array per segment of `tree`, or one array each holding all segments' tokens.
-void kv_views(const Tree& tree, nb::handle k, nb::handle v, KvArgs& out) {
+// Where each segment's tokens begin in one K/V array: `starts` (None: one after another from token 0), each
+// segment checked to lie within the array's n_tokens.
+std::vector<int64_t> segment_starts(const Tree& tree, nb::handle starts, int64_t n_tokens) {
+  const int n_seg = tree.n_segments();
+  std::vector<int64_t> s;
+  if (starts.is_none()) {
+    int64_t t0 = 0;
+    for (int g = 0; g < n_seg; ++g) {
+      s.push_back(t0);
+      t0 += tree.n_tokens(g);
+    }
+    return s;
+  }
+  if (!nb::try_cast(starts, s)) type_error("starts: expected a sequence of ints, one per segment");
+  if (s.size() != size_t(n_seg)) value_error("starts: ", s.size(), " values for a plan of ", n_seg, " segments");
+  for (int g = 0; g < n_seg; ++g)
+    if (s[size_t(g)] < 0 || s[size_t(g)] > n_tokens - tree.n_tokens(g))
+      value_error(Name{"starts", g}, ": segment ", g, "'s tokens [", s[size_t(g)], ", ",
+                  s[size_t(g)] + tree.n_tokens(g), ") are not within k's ", n_tokens, " tokens");
+  return s;
+}
+
+// k, v: a list (or tuple) of one array per segment of `tree`, or one array each holding every segment's tokens,
+// one after another or where `starts` says.
+void kv_views(const Tree& tree, nb::handle k, nb::handle v, nb::handle starts, KvArgs& out) {
   const HeadShape& shape = tree.shape();
   const int n_seg = tree.n_segments();
   if (is_list(k) != is_list(v))
     type_error("v: ", is_list(k) ? "expected a list of arrays, as k is" : "expected one array, as k is");
   if (is_list(k)) {
+    if (!starts.is_none())
+      type_error("starts: only with k and v as one array each (a list gives each segment an array of its own)");
     const Py_ssize_t nk = PySequence_Fast_GET_SIZE(k.ptr()), nv = PySequence_Fast_GET_SIZE(v.ptr());
     if (nk != n_seg) value_error("k: ", nk, " arrays for a plan of ", n_seg, " segments");
     if (nv != n_seg) value_error("v: ", nv, " arrays for a plan of ", n_seg, " segments");
@@ -106,13 +131,13 @@ void kv_views(const Tree& tree, nb::handle k, nb::handle v, KvArgs& out) {
   out.arrays.push_back(as_array(v, {"v"}));
   const ArrayRef& ka = out.arrays[0];
   const ArrayRef& va = out.arrays[1];
-  const DType dk = check_kv_array(ka, shape, total, {"k"}), dv = check_kv_array(va, shape, total, {"v"});
+  const int64_t n_tokens = starts.is_none() ? total : -1;  // with starts: any, as long as every segment fits
+  const DType dk = check_kv_array(ka, shape, n_tokens, {"k"}), dv = check_kv_array(va, shape, n_tokens, {"v"});
   check_pair(ka, va, dk, dv, {"k"}, {"v"});
-  int64_t t0 = 0;
-  for (int g = 0; g < n_seg; ++g) {
-    out.views.push_back(make_view(ka, va, dk, t0, tree.n_tokens(g), shape));
-    t0 += tree.n_tokens(g);
-  }
+  if (ka.shape(0) != va.shape(0))
+    value_error("v: ", va.shape(0), " tokens but k has ", ka.shape(0), "; K and V hold the same tokens");
+  const std::vector<int64_t> t0 = segment_starts(tree, starts, int64_t(ka.shape(0)));
+  for (int g = 0; g < n_seg; ++g) out.views.push_back(make_view(ka, va, dk, t0[size_t(g)], tree.n_tokens(g), shape));
 }
 
 // One run's q and results: q read as f32 (in place when it is f32 and dense), o and lse made fresh in q's
@@ -280,7 +305,7 @@ struct PyBound {
 // baseline Python's call overhead is measured against (bench/python_overhead.py).
 std::vector<double> time_runs(const PyPlan& p, nb::handle k, nb::handle v, nb::handle q_obj, int n) {
   KvArgs kv;
-  kv_views(p.plan.tree(), k, v, kv);
+  kv_views(p.plan.tree(), k, v, nb::none(), kv);
   const ArrayRef q = as_array(q_obj, {"q"});
   if (float_dtype(q, {"q"}) != DType::f32 || !q.c_contiguous()) type_error("q: expected C-contiguous float32");
   check_shape(q, {p.plan.n_rows(), p.plan.shape().n_q_heads, p.plan.shape().head_dim}, {"q"},
@@ -321,11 +346,13 @@ constexpr const char* kBindDoc =
 constexpr const char* kRunDoc =
     "Attention of one layer: returns (o, lse).\n\n"
     "k, v: a list of one array per segment, (tokens, n_kv_heads, head_dim), or one array holding every\n"
-    "segment's tokens in segment order; float32, float16 or bfloat16; read in place (any strides with a dense\n"
-    "head_dim axis, K and V with the same layout). q: (n_rows, n_q_heads, head_dim), float32, float16 or\n"
-    "bfloat16. o has q's shape and dtype, lse is (n_rows, n_q_heads) float32 (natural log; -inf for a row\n"
-    "that sees no key, whose o is 0); both in q's framework, or written into out= and lse= (C-contiguous).\n"
-    "Computed in float32; the GIL is released meanwhile, so threads may run plans at once.";
+    "segment's tokens, one segment after another or where starts= says (starts[g]: the token segment g begins\n"
+    "at, in any order: a cache buffer with the segments anywhere in it); float32, float16 or bfloat16; read in\n"
+    "place (any strides with a dense head_dim axis, K and V with the same layout). q: (n_rows, n_q_heads,\n"
+    "head_dim), float32, float16 or bfloat16. o has q's shape and dtype, lse is (n_rows, n_q_heads) float32\n"
+    "(natural log; -inf for a row that sees no key, whose o is 0); both in q's framework, or written into out=\n"
+    "and lse= (C-contiguous). Computed in float32; the GIL is released meanwhile, so threads may run plans at\n"
+    "once.";
 
 }  // namespace
 
@@ -407,25 +434,25 @@ void bind_attention(nb::module_& m) {
           "Every sequence on its own: sequence s attends only segment s (n_tokens[s] tokens). Options as Plan().")
       .def(
           "run",
-          [](const PyPlan& p, ArraysArg k, ArraysArg v, ArrayArg q, ArrayArg out, ArrayArg lse) {
+          [](const PyPlan& p, ArraysArg k, ArraysArg v, ArrayArg q, StartsArg starts, ArrayArg out, ArrayArg lse) {
             KvArgs kv;
-            kv_views(p.plan.tree(), k, v, kv);
+            kv_views(p.plan.tree(), k, v, starts, kv);
             return run_with_queries(p.plan.shape(), p.plan.n_rows(), q, out, lse,
                                     [&](const float* qf, float* of, float* lf) {
                                       cpu::run(p.plan, kv.views, qf, of, lf);
                                     });
           },
-          nb::arg("k"), nb::arg("v"), nb::arg("q"), nb::kw_only(), nb::arg("out") = nb::none(),
-          nb::arg("lse") = nb::none(), kRunDoc)
+          nb::arg("k"), nb::arg("v"), nb::arg("q"), nb::kw_only(), nb::arg("starts") = nb::none(),
+          nb::arg("out") = nb::none(), nb::arg("lse") = nb::none(), kRunDoc)
       .def(
           "bind",
-          [](nb::handle self, ArraysArg k, ArraysArg v) {
+          [](nb::handle self, ArraysArg k, ArraysArg v, StartsArg starts) {
             const PyPlan& p = nb::cast<const PyPlan&>(self);
             PyBound b(nb::borrow(self), &p);
-            kv_views(p.plan.tree(), k, v, b.kv);
+            kv_views(p.plan.tree(), k, v, starts, b.kv);
             return b;
           },
-          nb::arg("k"), nb::arg("v"), kBindDoc)
+          nb::arg("k"), nb::arg("v"), nb::kw_only(), nb::arg("starts") = nb::none(), kBindDoc)
       .def_prop_ro("n_rows", [](const PyPlan& p) { return p.plan.n_rows(); })
       .def_prop_ro("n_segments", [](const PyPlan& p) { return p.plan.n_segments(); })
       .def_prop_ro("n_sequences", [](const PyPlan& p) { return p.plan.n_sequences(); })
@@ -496,15 +523,15 @@ void bind_attention(nb::module_& m) {
                       "(as Plan.run takes them); run(q) attends.")
       .def(
           "__init__",
-          [](PySplit* self, const PyPlan& p, ArraysArg k, ArraysArg v) {
+          [](PySplit* self, const PyPlan& p, ArraysArg k, ArraysArg v, StartsArg starts) {
             KvArgs kv;
-            kv_views(p.plan.tree(), k, v, kv);
+            kv_views(p.plan.tree(), k, v, starts, kv);
             nb::gil_scoped_release release;
             SplitLayout layout = make_split(p.plan.tree(), kv.views);
             Plan plan = cpu::plan(layout.tree, cpu::Options{p.n_threads});
             new (self) PySplit{std::move(layout), std::move(plan)};
           },
-          nb::arg("plan"), nb::arg("k"), nb::arg("v"))
+          nb::arg("plan"), nb::arg("k"), nb::arg("v"), nb::kw_only(), nb::arg("starts") = nb::none())
       .def(
           "run",
           [](const PySplit& s, ArrayArg q, ArrayArg out, ArrayArg lse) {
@@ -523,16 +550,16 @@ void bind_attention(nb::module_& m) {
                         "run(q) attends.")
       .def(
           "__init__",
-          [](PyUnified* self, const PyPlan& p, ArraysArg k, ArraysArg v) {
+          [](PyUnified* self, const PyPlan& p, ArraysArg k, ArraysArg v, StartsArg starts) {
             KvArgs kv;
-            kv_views(p.plan.tree(), k, v, kv);
+            kv_views(p.plan.tree(), k, v, starts, kv);
             nb::gil_scoped_release release;
             auto layout = std::make_unique<UnifiedLayout>(make_unified(p.plan.tree(), kv.views));
             cpu::UnifiedPlan plan = cpu::plan_unified(p.plan.shape(), layout->batch.kv.n_tokens, layout->batch.n_rows,
                                                       cpu::Options{p.n_threads}, p.plan.scale());
             new (self) PyUnified{std::move(layout), std::move(plan)};
           },
-          nb::arg("plan"), nb::arg("k"), nb::arg("v"))
+          nb::arg("plan"), nb::arg("k"), nb::arg("v"), nb::kw_only(), nb::arg("starts") = nb::none())
       .def(
           "run",
           [](const PyUnified& u, ArrayArg q, ArrayArg out, ArrayArg lse) {

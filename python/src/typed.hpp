@@ -1,7 +1,7 @@
 // Arguments the bindings take as plain Python objects and read themselves (arrays.hpp), under the names the type
 // stubs give them: `Array` (a NumPy array or PyTorch CPU tensor; the stubs define it as a Protocol, see
-// python/stubs.pat), `Array | Sequence[Array]` for K and V, and `int | Sequence[int]` for n_query; results are
-// `tuple[Any, Any]`.
+// python/stubs.pat), `Array | Sequence[Array]` for K and V, `int | Sequence[int]` for n_query and `Sequence[int]`
+// for starts (stubgen adds its default's None); results are `tuple[Any, Any]`.
 // Converting one accepts any object; the function's own checks raise TypeError / ValueError naming it.
 #pragma once
 
@@ -28,11 +28,15 @@ struct Result {
 struct Counts {
   static constexpr auto name = nanobind::detail::const_name("int | Sequence[int]");
 };
+struct Starts {
+  static constexpr auto name = nanobind::detail::const_name("Sequence[int]");
+};
 }  // namespace names
 
 using ArrayArg = NamedHandle<names::Array>;        // one array
 using ArraysArg = NamedHandle<names::Arrays>;      // K or V: one array, or one per segment
 using CountsArg = NamedHandle<names::Counts>;      // an int, or one per sequence
+using StartsArg = NamedHandle<names::Starts>;      // None, or one token index per segment
 
 // (o, lse), in the caller's framework: NumPy arrays or PyTorch tensors as q (or o_a) was, so typed Any for the
 // caller's own framework's methods.

@@ -184,3 +184,20 @@ def test_lazily_negated_views_are_refused():
     if hasattr(torch, "_neg_view"):
         with pytest.raises(ValueError, match=r"^k\[1\]: the tensor is a lazily negated view"):
             plan.run([k[0], torch._neg_view(k[1])], k, q.resolve_neg())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_one_cache_tensor_with_starts_against_sdpa(rng, dtype):
+    # An engine's preallocated cache: one (capacity, KV heads, head dim) tensor per layer, segments anywhere in it.
+    gen = torch.Generator().manual_seed(int(rng.integers(1 << 31)))
+    plan = cascade.Plan.two_level(37, [5, 11, 2], n_q_heads=8, n_kv_heads=2, head_dim=64)
+    cache_k = torch.rand(128, 2, 64, generator=gen).mul(2).sub(1).to(dtype)
+    cache_v = torch.rand(128, 2, 64, generator=gen).mul(2).sub(1).to(dtype)
+    starts = [90, 3, 60, 40]
+    q = torch.rand(plan.n_rows, 8, 64, generator=gen).mul(2).sub(1)
+    bound = plan.bind(cache_k, cache_v, starts=starts)
+    o, lse = bound.run(q)
+    k = [cache_k[s:s + n] for s, n in zip(starts, plan.segments)]
+    v = [cache_v[s:s + n] for s, n in zip(starts, plan.segments)]
+    ref = sdpa(k, v, q, plan.paths, plan.n_query, default_scale(64))
+    close(o, ref, dtype, f"cache tensor {dtype}")  # bf16 K/V may be multiplied as bf16 (q rounded to it)
