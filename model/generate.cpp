@@ -274,7 +274,7 @@ GenerateResult generate(const llama::Model& model, const std::vector<std::vector
   for (size_t p = 0; p < prompts.size(); ++p) {
     CASCADE_CHECK(!prompts[p].empty(), "prompt ", p + 1, " is empty");
     CASCADE_CHECK(int64_t(prompts[p].size()) < res.n_ctx, "prompt ", p + 1, " has ", prompts[p].size(),
-                  " tokens, more than the context of ", res.n_ctx, " leaves room for (-c)");
+                  " tokens, which leaves no room in the context of ", res.n_ctx, " tokens");
     res.n_prompt_tokens += int64_t(prompts[p].size());
   }
   const int n_seq = int(prompts.size()) * params.n_parallel;

@@ -208,7 +208,7 @@ def test_bad_arguments(model):
         model.generate([1, 2])
     with pytest.raises(ValueError, match=r"^top-p must be in \[0, 1\]"):
         model.generate("x", top_p=2.0)
-    with pytest.raises(ValueError, match=r"more than the context"):
+    with pytest.raises(ValueError, match=r"^prompt 1 has \d+ tokens, which leaves no room in the context of 3 tokens$"):
         model.generate("one two three four five six", n_ctx=3)
     with pytest.raises(ValueError, match=r"^kv_type: expected"):
         model.generate("x", kv_type="int4")
