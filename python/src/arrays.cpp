@@ -345,9 +345,10 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 
 void check_shape(const ArrayRef& a, std::initializer_list<int64_t> want, Name name, const char* dims) {
   if (a.has_shape(want)) return;
-  std::string w = shape_str(std::vector<int64_t>(want));
-  for (size_t at; (at = w.find("-1")) != std::string::npos;) w.replace(at, 2, "any");
-  value_error(name, ": expected shape ", w, " ", dims, ", got ", shape_str(a.shape_vector()));
+  std::string w = "(";
+  for (int64_t x : want) w += (w.size() > 1 ? ", " : "") + (x < 0 ? std::string("any") : std::to_string(x));
+  value_error(name, ": expected shape ", w, want.size() == 1 ? ",) " : ") ", dims, ", got ",
+              shape_str(a.shape_vector()));
 }
 
 void read_f32(const ArrayRef& a, DType dt, float* dst) {
