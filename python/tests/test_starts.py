@@ -24,13 +24,20 @@ def scattered(rng, lengths, n_kv_heads, head_dim, dtype):
     return k, v, starts, ks, vs
 
 
+@pytest.fixture(scope="module")
+def cost_model():
+    return cascade.CostModel.calibrate(n_kv_heads=2, head_dim=64)
+
+
 @pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("shape", [(4, 4, 64), (8, 2, 64), (6, 3, 128)])
-def test_segments_anywhere_in_one_buffer(rng, shape, kv_dtype):
+def test_segments_anywhere_in_one_buffer(rng, shape, kv_dtype, cost_model):
     hq, hkv, d = shape
     for trial in range(4):
         lengths, paths, n_query = random_tree(rng)
         plan = cascade.Plan(lengths, paths, n_query, n_q_heads=hq, n_kv_heads=hkv, head_dim=d)
+        auto = cascade.Plan(lengths, paths, n_query, n_q_heads=hq, n_kv_heads=hkv, head_dim=d, method="auto",
+                            cost_model=cost_model)
         k, v, starts, ks, vs = scattered(rng, lengths, hkv, d, kv_dtype)
         q = rng.uniform(-1, 1, (plan.n_rows, hq, d)).astype(np.float32)
         ref_o, ref_lse = reference_attention(paths, n_query, ks, vs, q, default_scale(d))
@@ -40,6 +47,7 @@ def test_segments_anywhere_in_one_buffer(rng, shape, kv_dtype):
             "bind": lambda: plan.bind(k, v, starts=np.array(starts)).run(q),
             "split": lambda: cascade.SplitLayout(plan, k, v, starts=tuple(starts)).run(q),
             "unified": lambda: cascade.UnifiedLayout(plan, k, v, starts=starts).run(q),
+            "auto": lambda: auto.run(k, v, q, starts=starts),  # shared segments may be folded: read per sequence
         }
         for name, run in runs.items():
             o, lse = run()
