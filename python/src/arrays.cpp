@@ -284,7 +284,7 @@ ArrayRef as_array(nb::handle obj, Name name, bool writable) {
     ok = nb::try_cast(obj, a.nd_, false);
   }
   if (!ok) {
-    if (nb::hasattr(obj, "requires_grad") && nb::hasattr(obj, "detach") && nb::cast<bool>(obj.attr("requires_grad")))
+    if (nb::hasattr(obj, "detach") && requires_grad(obj))
       type_error(name, ": a tensor that requires grad cannot be read in place; pass ", name, ".detach()");
     type_error(name, ": expected ", writable ? "a writable NumPy array or PyTorch CPU tensor" : "a NumPy array or a PyTorch CPU tensor",
                ", got ", nb::inst_name(obj).c_str());
