@@ -257,13 +257,17 @@ int main(int argc, char** argv) {
                   r.method = m;
                   // bf16 products where the tiled kernel takes them (kernel.hpp): their rate is the limit, the
                   // AMX tiles' where it runs on those (every FLOP priced at it, the per-sequence pass's too).
-                  const cascade::cpu::Bf16Kernel bk =
-                      dt == DType::bf16 ? cascade::cpu::bf16_kernel(isa) : cascade::cpu::Bf16Kernel::f32;
-                  const double bk_rate = bk == cascade::cpu::Bf16Kernel::tiles ? lim.amx
-                                         : bk == cascade::cpu::Bf16Kernel::dot ? lim.bf16
-                                                                               : 0.0;
+                  const cascade::Products bk =
+                      cascade::cpu::choose_kernel(cascade::KernelShape::tiled, dt, a.shape.head_dim,
+                                                  cascade::cpu::KernelOptions::process())
+                          .products;
+                  const double bk_rate = bk == cascade::Products::amx_bf16   ? lim.amx
+                                         : bk == cascade::Products::bf16_dot ? lim.bf16
+                                                                             : 0.0;
                   const double peak = bk_rate > 0 ? bk_rate : lim.fma.at(isa);
-                  r.path = std::string(cascade::isa_name(isa)) + cascade::cpu::bf16_kernel_suffix(bk);
+                  r.path = std::string(cascade::isa_name(isa)) + (bk == cascade::Products::amx_bf16   ? "+amx"
+                                                                  : bk == cascade::Products::bf16_dot ? "+bf16"
+                                                                                                      : "");
                   r.flop_ms = 1e3 * base.min_flops / peak;
                   r.limit_ms = std::max(r.bw_ms, r.flop_ms);
                   r.peak_gflops = peak / 1e9;

@@ -4,10 +4,10 @@
 #if CASCADE_X86
 namespace cascade::cpu::avx2 {
 
-template void attend<LimitMask>(bool, const float*, int64_t, int, const KvView&, int, int64_t, int64_t,
+template void attend<LimitMask>(const KernelChoice&, const float*, int64_t, int, const KvView&, int, int64_t, int64_t,
                                 const LimitMask&, float, float*, float*, Scratch&);
-template void attend<UnifiedMask>(bool, const float*, int64_t, int, const KvView&, int, int64_t, int64_t,
-                                  const UnifiedMask&, float, float*, float*, Scratch&);
+template void attend<UnifiedMask>(const KernelChoice&, const float*, int64_t, int, const KvView&, int, int64_t,
+                                  int64_t, const UnifiedMask&, float, float*, float*, Scratch&);
 
 }  // namespace cascade::cpu::avx2
 #endif

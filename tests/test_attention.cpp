@@ -568,7 +568,8 @@ TEST_CASE("amx tiles: on by default where the process may run them, a scope's se
   {
     const cpu::AmxTiles off(false);
     CHECK_FALSE(cpu::amx_tiles());
-    CHECK(cpu::bf16_kernel(Isa::avx512) != cpu::Bf16Kernel::tiles);
+    CHECK(cpu::choose_kernel(KernelShape::tiled, DType::bf16, 64, cpu::KernelOptions::process()).products !=
+          Products::amx_bf16);
     {
       const cpu::AmxTiles on(true);
       CHECK(cpu::amx_tiles() == amx_usable());  // never on where the OS or CPU says no
@@ -577,9 +578,77 @@ TEST_CASE("amx tiles: on by default where the process may run them, a scope's se
   }
   CHECK(cpu::detail::amx_tiles_flag().load() == -1);
   {
-    const cpu::Bf16Products f32(false);
-    CHECK(cpu::bf16_kernel() == cpu::Bf16Kernel::f32);  // tiles are a kind of bf16 product
+    const cpu::Bf16Products f32(false);  // tiles are a kind of bf16 product
+    CHECK(cpu::choose_kernel(KernelShape::tiled, DType::bf16, 64, cpu::KernelOptions::process()).products ==
+          Products::f32);
   }
+}
+
+TEST_CASE("kernel choice: tier by head dim and shape, products by K/V type and options, kept by the plan") {
+  const Isa top = detected_isa();
+  const bool bf16_dots = top == Isa::avx512 && cpu_features().avx512_bf16;
+  cpu::KernelOptions opt;
+  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512}) {
+    opt.isa_limit = isa;
+    const Isa tier = std::min(isa, top);
+    for (int d : {8, 16, 24, 32, 48, 64, 72, 80, 96, 128, 200, 256, 3, 66}) {
+      for (int t = 0; t < kNumDTypes; ++t) {
+        const DType dt = DType(t);
+        for (int bp : {0, 1}) {
+          opt.bf16_products = bp;
+          INFO("limit " << isa_name(isa) << ", head dim " << d << ", " << dtype_name(dt) << ", bf16 products " << bp);
+          const KernelChoice tiled = cpu::choose_kernel(KernelShape::tiled, dt, d, opt);
+          const KernelChoice few = cpu::choose_kernel(KernelShape::few_rows, dt, d, opt);
+          CHECK(tiled.shape == KernelShape::tiled);
+          CHECK(tiled.tier == tier);  // the tiled kernel takes any head dim on every tier
+          const Isa few_tier = tier == Isa::avx512 && d % 16 == 0 ? Isa::avx512
+                               : tier >= Isa::avx2 && d % 8 == 0  ? Isa::avx2
+                                                                  : Isa::portable;
+          CHECK(few.tier == few_tier);
+          const bool bf16_here = dt == DType::bf16 && bp == 1 && bf16_dots;
+          CHECK((tiled.products != Products::f32) == (bf16_here && tier == Isa::avx512 && d % 2 == 0));
+          CHECK((few.products == Products::bf16_dot) == (bf16_here && few_tier == Isa::avx512 && d % 32 == 0));
+          CHECK(cpu::kernel_runs_here(tiled, dt, d));
+          CHECK(cpu::kernel_runs_here(few, dt, d));
+          CHECK(cpu::few_rows_limit(d, opt) == (tier != Isa::portable && d % 8 == 0 ? cpu::kFewRows : 0));
+        }
+      }
+    }
+  }
+  // What a CPU lacks never runs.
+  CHECK_FALSE(cpu::kernel_runs_here({KernelShape::tiled, Isa::avx512, Products::bf16_dot}, DType::f16, 64));
+  CHECK_FALSE(cpu::kernel_runs_here({KernelShape::few_rows, Isa::avx2, Products::f32}, DType::f16, 36));
+  if (!amx_usable())
+    CHECK_FALSE(cpu::kernel_runs_here({KernelShape::tiled, Isa::avx512, Products::amx_bf16}, DType::bf16, 64));
+  if (top < Isa::avx512)
+    CHECK_FALSE(cpu::kernel_runs_here({KernelShape::tiled, Isa::avx512, Products::f32}, DType::f16, 64));
+
+  // The plan keeps what was chosen when it was made: a later change of the process-wide switches does not move it.
+  const HeadShape shape{4, 2, 64};
+  const Tree tree = Tree::two_level(shape, 300, {20, 30, 40, 10, 5});  // 10 rows per KV head below the prefix
+  const Plan plan = [&] {
+    const IsaLimit limit(Isa::portable);
+    return cpu::plan(tree);
+  }();
+  CHECK(plan.target().kernel_choices(cpu::kTiledKernel, DType::f16).tier == Isa::portable);
+  CHECK(cpu::kernel_names(plan, DType::f16) == "shared: portable tiled f32");
+  const cpu::Options wide{.kernels = cpu::KernelOptions{}};
+  const Plan p2 = cpu::plan(tree, wide);
+  if (top != Isa::portable) {
+    CHECK(cpu::kernel_names(p2, DType::f16) ==
+          "shared: " + KernelChoice{KernelShape::tiled, top, Products::f32}.name() +
+              "; per-sequence: " + KernelChoice{KernelShape::few_rows, top, Products::f32}.name());
+  }
+  // A target whose choice this CPU cannot run is refused by name before anything runs.
+  Target t = cpu::target(0, shape.head_dim);
+  t.kernel_choices.by[cpu::kTiledKernel][int(DType::f16)] = {KernelShape::few_rows, Isa::avx2, Products::amx_bf16};
+  const Plan bad = Plan::make(tree, t);
+  std::vector<f16> kv(size_t(300) * 2 * 64, f16(0.5f));
+  std::vector<KvView> views;
+  for (int g = 0; g < tree.n_segments(); ++g)
+    views.push_back(KvView::contiguous(kv.data(), kv.data(), tree.n_tokens(g), 2, 64));
+  std::vector<float> q(size_t(tree.n_rows()) * 4 * 64, 0.25f), o(q.size());
+  CHECK_THROWS_WITH(cpu::run(bad, views, q.data(), o.data()), doctest::Contains("cannot run on this CPU"));
 }
 
 TEST_CASE("merge: commutative, associative, empty state is the identity, two empties stay empty") {

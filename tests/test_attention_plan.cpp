@@ -138,7 +138,7 @@ TEST_CASE("schedule: every output merges each key it sees exactly once, on the C
     shape.n_q_heads = shape.n_kv_heads * rng.pick<int>({1, 2, 3, 4, 8});
     shape.head_dim = rng.pick<int>({32, 64, 80, 128});
     const Tree tree = random_tree(rng, shape, 80, 1e12);  // lengths only: no budget to keep
-    Target cpu_target = cpu::target(0);
+    Target cpu_target = cpu::target(0, shape.head_dim);
     cpu_target.n_items = double(rng.uniform_int(1, 64));
     cuda::ScheduleOptions copt;
     copt.n_sm = rng.pick<int>({1, 8, 132, 2000});

@@ -67,11 +67,14 @@ Problem make(Rng& rng, const HeadShape& shape, DType dt, bool paged, const test:
   return p;
 }
 
-// The plan auto makes for p on n_threads threads under model m; why: its recorded choice.
+// The plan auto makes for p on n_threads threads under model m; why: its recorded choice. On f32 products: the
+// tests check the regrouping at the tight bound (bf16 products round q; test_attention.cpp checks them).
 Plan choose_plan(const Problem& p, const CostModel& m, AutoChoice* why, int n_threads = 0) {
   cpu::Options opt{n_threads};
   opt.cost_model = &m;
   opt.kv_dtype = p.dtype;
+  opt.kernels = cpu::KernelOptions::process();
+  opt.kernels->bf16_products = 0;
   Plan plan = cpu::plan(p.tree, opt);
   REQUIRE(plan.choice().has_value());
   if (why) *why = *plan.choice();
@@ -90,8 +93,6 @@ void expect_same_function(Rng& rng, const Problem& p, const Plan& chosen) {
   std::vector<double> ref_o(n_out), ref_lse(n_lse);
   reference_attention(tree, p.views, q.data(), ref_o.data(), ref_lse.data());
   std::vector<float> o(n_out, 123.0f), lse(n_lse, 123.0f);
-  // f32 products: this checks the regrouping at the tight bound (bf16 products round q; test_attention.cpp).
-  const cpu::Bf16Products f32_products(false);
   cpu::run(chosen, p.views, q.data(), o.data(), lse.data());
   test::expect_close(o, ref_o, kAtol, kRtol, "auto o");
   test::expect_close(lse, ref_lse, kAtol, kRtol, "auto lse");
@@ -220,7 +221,7 @@ TEST_CASE("auto: clear-cut decisions under a fixed synthetic model") {
 TEST_CASE("auto: the cost model favours stacking as the prefix grows") {
   const CostModel m = synthetic_model();
   const HeadShape shape{9, 3, 64};
-  const Target t = cpu::target(2);
+  const Target t = cpu::target(2, shape.head_dim);
   // Shared pass over P tokens with 8 sequences, against 8 separate passes: the ratio grows with P.
   double prev = 0;
   for (int64_t P : {64, 256, 1024, 4096, 16384}) {

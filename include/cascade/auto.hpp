@@ -68,7 +68,7 @@ struct CostModel {
     if (n_tokens <= 0 || n_token_rows <= 0) return 0.0;
     const int64_t m = n_token_rows * shape.group();
     const double mac = 2.0 * double(m) * double(n_tokens) * shape.n_kv_heads * shape.head_dim;
-    const KernelTile& k = target.kernels[target.pick(m, shape.head_dim)];
+    const KernelTile& k = target.kernels[target.pick(m)];
     double t;
     if (k.all_heads) {
       t = kv_bytes / small_bw + mac / small_mac + item_s;

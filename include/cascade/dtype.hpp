@@ -18,6 +18,7 @@ using bf16 = Eigen::bfloat16;
 static_assert(sizeof(f16) == 2 && sizeof(bf16) == 2);
 
 enum class DType : uint8_t { f32, f16, bf16 };
+inline constexpr int kNumDTypes = 3;
 
 template <class T> struct dtype_of;
 template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "cascade/error.hpp"
+#include "cascade/kernel_choice.hpp"
 #include "cascade/tree.hpp"
 
 namespace cascade {
@@ -45,13 +46,18 @@ struct KernelTile {
 struct Target {
   const char* backend = "";     // who runs it ("cpu", "cuda"); a backend refuses another's plan
   KernelTile kernels[2];
-  // The kernel (0 or 1) of a pass with `rows_per_head` stacked rows per KV head.
-  int (*pick)(int64_t rows_per_head, int head_dim) = nullptr;
+  // A pass with at most few_rows stacked rows per KV head takes kernels[few_kernel], any other the other one.
+  int64_t few_rows = 0;
+  int few_kernel = 1;
+  KernelChoices kernel_choices;  // CPU: the code each kernel runs, per K/V type (kernel_choice.hpp)
   double n_items = 8;           // aim: long passes are chunked until the work is about this many items
   int64_t min_chunk = 256;      // shortest chunk of a pass's tokens one item takes when a pass is split
   int64_t chunk_align = 1;      // chunk boundaries fall on multiples of this
   bool cut_at_joins = false;    // items never straddle two segments of a chain (kernels reading one span)
   int n_threads = 0;            // CPU: threads the items run on (0: the caller's arena); others ignore it
+
+  // The kernel (0 or 1) of a pass with rows_per_head stacked rows per KV head.
+  int pick(int64_t rows_per_head) const { return rows_per_head <= few_rows ? few_kernel : 1 - few_kernel; }
 };
 
 struct Schedule {
@@ -181,7 +187,7 @@ inline void add_chunk_items(Schedule& s, const Target& t, int p, Schedule::Item 
 
 // The items of every pass (step 2): picks each pass's kernel, tiles its rows, chunks its keys.
 inline void add_items(Schedule& s, const HeadShape& shape, const Target& t) {
-  CASCADE_CHECK(t.pick != nullptr && t.min_chunk > 0 && t.chunk_align > 0 && t.n_items > 0,
+  CASCADE_CHECK((t.few_kernel == 0 || t.few_kernel == 1) && t.min_chunk > 0 && t.chunk_align > 0 && t.n_items > 0,
                 "schedule: incomplete target");
   const int group = shape.group(), n_kvh = shape.n_kv_heads;
   const auto cost_per_key = [&](const KernelTile& k, int64_t rows, int heads) {
@@ -190,7 +196,7 @@ inline void add_items(Schedule& s, const HeadShape& shape, const Target& t) {
   double total = 0;
   for (Schedule::Pass& ps : s.passes) {
     const int64_t m = ps.n_token_rows * group;
-    ps.kernel = t.pick(m, shape.head_dim);
+    ps.kernel = t.pick(m);
     CASCADE_CHECK(ps.kernel == 0 || ps.kernel == 1, "schedule: the target picked kernel ", ps.kernel);
     const KernelTile& k = t.kernels[ps.kernel];
     CASCADE_CHECK(k.tile_rows > 0, "schedule: kernel ", ps.kernel, " has no row tile");

@@ -156,14 +156,9 @@ inline const CpuFeatures& cpu_features() {
 }
 
 // Where the attention kernels' software prefetches of K/V go: into L1 (prefetcht0) on AMD cores from Zen 5 on
-// (family 26 and later), into L2 (prefetcht1) elsewhere. On a Zen 5, from memory: one K1 item of the
-// per-sequence pass 0.038 -> 0.033 ms, 4-8 rows x 4-8 KV heads x 64-128 1.2-1.3x faster, K1's whole
-// per-sequence pass on two threads 0.743 -> 0.69 ms (medians); the tiled kernel at K2 with bf16 products 3.29 ->
-// 3.23 ms (medians of 5). On a Zen 4 (family 25) it is the other way: one thread's per-sequence items of 3-4
-// rows x 8 KV heads from memory ran 1.1-1.3x faster with prefetcht1 (f16 and bf16 alike), the tiled kernel
-// within 2%. Intel cores keep prefetcht1, where the kernels were tuned (prefetcht0 was not measured there). The
-// linear layers keep prefetcht1 on every CPU: with prefetcht0 the Zen 5 ran Llama-3.2-1B's q4_K layers 2.6x
-// slower.
+// (family 26 and later), into L2 (prefetcht1) elsewhere: each was faster from memory on the machines measured
+// (docs/study.md §16, §18, §19). Intel cores keep prefetcht1, where the kernels were tuned (prefetcht0 was not
+// measured there). The linear layers keep prefetcht1 on every CPU: prefetcht0 slowed them on a Zen 5.
 inline bool prefetch_to_l1() {
   static const bool to_l1 = cpu_features().amd && cpu_features().family >= 26;
   return to_l1;

@@ -161,19 +161,24 @@ struct Avx2Few {
 };
 #endif
 
-// The production dispatcher under tier `isa`, as a pass with that kernel shape runs it.
+// The production kernel chosen under tier `isa` (and bf16 products, AMX tiles), as a pass with that kernel shape
+// runs it (more rows than the few-rows kernel takes go to the tiled one, as the plan would send them).
 Run production(Isa isa, bool few, bool bf16_products, bool amx = false) {
   return [=](const Problem& p, float* o, float* lse, Scratch& sc) {
-    const IsaLimit limit(isa);
-    const cpu::Bf16Products products(bf16_products);
-    const cpu::AmxTiles tiles(amx);
+    cpu::KernelOptions opt;
+    opt.isa_limit = isa;
+    opt.bf16_products = bf16_products ? 1 : 0;
+    opt.amx_tiles = amx;
+    const bool few_here = few && p.rows <= kFewRows;
+    const KernelChoice k =
+        cpu::choose_kernel(few_here ? KernelShape::few_rows : KernelShape::tiled, p.dtype, p.dim, opt);
     const LimitMask mask{p.limit.data()};
-    if (few) {
-      attend_range_dispatch(true, p.q.data(), p.rows, p.heads, p.kv, 0, 0, p.keys, mask, p.scale, o, lse, sc);
+    if (few_here) {
+      run_kernel(k, p.q.data(), p.rows, p.heads, p.kv, 0, 0, p.keys, mask, p.scale, o, lse, sc);
     } else {
       for (int h = 0; h < p.heads; ++h)
-        attend_range_dispatch(false, p.q.data() + h * p.rows * p.dim, p.rows, 1, p.kv, h, 0, p.keys, mask, p.scale,
-                              o + h * p.rows * p.dim, lse + h * p.rows, sc);
+        run_kernel(k, p.q.data() + h * p.rows * p.dim, p.rows, 1, p.kv, h, 0, p.keys, mask, p.scale,
+                   o + h * p.rows * p.dim, lse + h * p.rows, sc);
     }
   };
 }

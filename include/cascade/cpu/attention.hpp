@@ -29,6 +29,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -46,6 +47,8 @@ struct Options {
   int n_threads = 0;                      // 0: the caller's oneTBB arena (all of the machine's threads)
   const CostModel* cost_model = nullptr;  // auto: regroup the tree where a shared pass does not pay
   DType kv_dtype = DType::f16;            // the K/V element type auto prices (run takes any)
+  std::optional<KernelOptions> kernels = std::nullopt;  // what the kernel choice may use; unset: the process-wide
+                                                       // switches (kernel.hpp)
 };
 
 // The CPU's kernels as the schedule sees them (kernel.hpp): the tiled-product kernel, one item per KV head
@@ -55,20 +58,18 @@ inline constexpr int kFewRowsKernel = 1;
 // Shortest chunk of a pass's tokens one item takes when a pass is split across threads.
 inline constexpr int64_t kMinChunk = 256;
 
-// Picked when the plan is made, for the tier active then; a run under another tier keeps the plan's shape.
-inline int pick_kernel(int64_t rows_per_head, int head_dim) {
-  return use_few_rows(rows_per_head, head_dim) ? kFewRowsKernel : kTiledKernel;
-}
-
-// The schedule's view of this machine with n_threads threads (0: the caller's arena): about 4 items per
-// thread, so that uneven items still balance.
-inline Target target(int n_threads = 0) {
+// The schedule's view of this machine for heads of head_dim, with n_threads threads (0: the caller's arena):
+// about 4 items per thread, so that uneven items still balance; the kernels every pass and K/V type run on,
+// chosen under `kernels` (choose_kernels).
+inline Target target(int n_threads, int head_dim, const KernelOptions& kernels = KernelOptions::process()) {
   CASCADE_CHECK(n_threads >= 0, "cpu::target: n_threads is negative (", n_threads, ")");
   Target t;
   t.backend = "cpu";
   t.kernels[kTiledKernel] = {kMaxRows, false, 0.0, 1.0};
   t.kernels[kFewRowsKernel] = {kMaxRows, true, 0.0, 1.0};
-  t.pick = pick_kernel;
+  t.few_rows = few_rows_limit(head_dim, kernels);
+  t.few_kernel = kFewRowsKernel;
+  t.kernel_choices = choose_kernels(head_dim, kernels);
   const int n = n_threads > 0 ? std::min(n_threads, tbb::info::default_concurrency())
                               : tbb::this_task_arena::max_concurrency();
   t.n_items = 4.0 * std::max(1, n);
@@ -76,11 +77,41 @@ inline Target target(int n_threads = 0) {
   t.n_threads = n_threads;
   return t;
 }
+inline Target target(const Options& opt, int head_dim) {
+  return target(opt.n_threads, head_dim, opt.kernels ? *opt.kernels : KernelOptions::process());
+}
 
 // The plan of a step's tree on this machine (auto's regrouping first when opt.cost_model is set).
 inline Plan plan(Tree tree, const Options& opt = {}) {
   CASCADE_CHECK(opt.n_threads >= 0, "cpu::plan: n_threads is negative (", opt.n_threads, ")");
-  return Plan::make(std::move(tree), target(opt.n_threads), opt.cost_model, opt.kv_dtype);
+  const int head_dim = tree.shape().head_dim;
+  return Plan::make(std::move(tree), target(opt, head_dim), opt.cost_model, opt.kv_dtype);
+}
+
+// The kernels a target's passes of kernel `kernel` run on K/V of type dt ("avx512 tiled f32").
+inline std::string kernel_name(const Target& t, int kernel, DType dt) { return t.kernel_choices(kernel, dt).name(); }
+
+// The kernels a plan runs on K/V of type dt, its shared (tiled) passes' and its per-sequence (few-rows) ones',
+// as "tiled: avx512 tiled f32; few-rows: avx512 few-rows f32", naming only the kernels its passes take.
+inline std::string kernel_names(const Plan& plan, DType dt) {
+  bool used[2] = {false, false};
+  for (const Schedule::Pass& ps : plan.schedule().passes) used[ps.kernel] = true;
+  std::string s;
+  for (int k = 0; k < 2; ++k) {
+    if (!used[k]) continue;
+    if (!s.empty()) s += "; ";
+    s += std::string(k == kTiledKernel ? "shared: " : "per-sequence: ") + kernel_name(plan.target(), k, dt);
+  }
+  return s;
+}
+
+// Checks that every kernel a target chose can run here; throws an Error naming the first that cannot.
+inline void check_kernels(const Target& t, int head_dim) {
+  for (int k = 0; k < 2; ++k)
+    for (int d = 0; d < kNumDTypes; ++d)
+      CASCADE_CHECK(kernel_runs_here(t.kernel_choices(k, DType(d)), DType(d), head_dim), "run: the plan's kernel ",
+                    t.kernel_choices(k, DType(d)).name(), " for ", dtype_name(DType(d)), " K/V of head dim ",
+                    head_dim, " cannot run on this CPU");
 }
 
 // The workspace of partial states of one run, kept per calling thread and reused: a fresh allocation per
@@ -180,7 +211,7 @@ inline void gather_queries(const float* q, const HeadShape& shape, const Schedul
 // Runs every item of sc: attend(item, scratch, o, lse) writes the item's partial states, o (heads, rows,
 // head_dim) and lse (heads, rows), into the workspace. Items go largest first (rows x heads x keys), each thread
 // taking the next one as it finishes: a range split between threads could leave one thread a shared pass's
-// last large item after the other had run out of work (K2: 8 items of ~1.5 ms and 32 of ~0.02 ms).
+// last large item after the other had run out of work (docs/study.md §12).
 // A thread on a per-sequence item takes its next item as it starts it, and scratch.kernel.next names that
 // item's first rows (first_rows(item) -> NextRows), which the kernel asks for over its last tile: the items
 // at the end of the order are short, often a single tile, and would otherwise each begin with all of their
@@ -279,8 +310,8 @@ inline void attend_plan_item(const Plan& plan, const std::vector<KvView>& kv, co
       o_k = s.o2.data();
       lse_k = o_k + it.heads * n * d;
     }
-    attend_range_dispatch(ps.kernel == kFewRowsKernel, s.q.data(), n, it.heads, view, it.kvh, a - seg.start,
-                          b - seg.start, LimitMask{s.limit.data()}, plan.scale(), o_k, lse_k, s.kernel);
+    run_kernel(plan.target().kernel_choices(ps.kernel, view.dtype), s.q.data(), n, it.heads, view, it.kvh,
+               a - seg.start, b - seg.start, LimitMask{s.limit.data()}, plan.scale(), o_k, lse_k, s.kernel);
     if (!first) merge_states_inplace(o_it, lse_it, o_k, lse_k, it.heads * n, d);
     first = false;
   }
@@ -320,6 +351,7 @@ void run(const Plan& plan, SegmentKv&& kv, const float* q, float* o, float* lse 
     given[size_t(g)] = kv(g);
     detail::check_view(given[size_t(g)], tree, g);
   }
+  check_kernels(plan.target(), plan.shape().head_dim);
   const Tree& at = plan.attended();
   std::vector<KvView> views(size_t(at.n_segments()));
   for (int k = 0; k < at.n_segments(); ++k) views[size_t(k)] = given[size_t(plan.source(k))];
@@ -377,7 +409,7 @@ inline UnifiedPlan plan_unified(const HeadShape& shape, int64_t n_keys, int64_t 
   CASCADE_CHECK(std::isfinite(p.scale), "unified plan: softmax scale is not finite");
   p.n_keys = n_keys;
   p.n_rows = n_rows;
-  p.target = target(opt.n_threads);
+  p.target = target(opt, shape.head_dim);
   p.schedule = make_unified_schedule(shape, n_keys, n_rows, p.target);
   return p;
 }
@@ -404,6 +436,7 @@ inline void run_unified(const UnifiedPlan& p, const UnifiedBatch& b, const float
                         float* workspace = nullptr) {
   CASCADE_CHECK(b.n_rows == 0 || (q && o), "unified batch: null q or o with ", b.n_rows, " rows");
   check_unified(p, b);
+  check_kernels(p.target, p.shape.head_dim);
   const int group = p.shape.group();
   const int64_t d = p.shape.head_dim;
   std::optional<Workspace> kept;
@@ -419,10 +452,11 @@ inline void run_unified(const UnifiedPlan& p, const UnifiedBatch& b, const float
                           s.seq[size_t(e - it.e0)] = b.row_seq[e / group];
                           s.pos[size_t(e - it.e0)] = b.row_pos[e / group];
                         }
-                        attend_range_dispatch(
-                            p.schedule.passes[0].kernel == kFewRowsKernel, s.q.data(), n, it.heads, b.kv, it.kvh,
-                            it.t0, it.t1, UnifiedMask{b.key_seqs, b.n_words, b.key_pos, s.seq.data(), s.pos.data()},
-                            p.scale, o_it, lse_it, s.kernel);
+                        run_kernel(
+                            p.target.kernel_choices(p.schedule.passes[0].kernel, b.kv.dtype), s.q.data(), n, it.heads,
+                            b.kv, it.kvh, it.t0, it.t1,
+                            UnifiedMask{b.key_seqs, b.n_words, b.key_pos, s.seq.data(), s.pos.data()}, p.scale, o_it,
+                            lse_it, s.kernel);
                       },
                       [&](const Schedule::Item& it) { return next_rows(b.kv, it.kvh, it.heads, it.t0, it.t1); });
     detail::merge_outputs(p.schedule, p.shape, b.n_rows, workspace, o, lse);

@@ -148,7 +148,7 @@ inline CostModel calibrate(int n_threads = 0, const HeadShape& like = HeadShape{
 
   // Few-rows kernel: 1 and 8 rows over the same 16 MiB segment; the difference is the multiply-adds.
   const int64_t n_small = std::max<int64_t>(256, (int64_t(16) << 20) / int64_t(kv_bytes(1)));
-  const int m_hi = int(std::min<int64_t>(8, cpu::use_few_rows(8, shape.head_dim) ? 8 : 1));
+  const int m_hi = int(std::min<int64_t>(8, cpu::few_rows_limit(shape.head_dim, cpu::KernelOptions::process()) >= 8 ? 8 : 1));
   {
     Problem p1 = make_problem(shape, kv_dtype, n_small, 1, true, rng);
     const double t1 = time_plan(p1);

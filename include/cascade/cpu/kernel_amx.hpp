@@ -8,15 +8,23 @@
 //   O^T (head dim x 16 rows) += V^T (head dim x keys, per tile) * P^T (key pairs x rows, from the softmax)
 // S^T goes to a 2 KB buffer in L1 and back; the softmax (f32, AVX-512) writes P^T as bf16 key pairs, which is
 // the layout the second product takes. K tiles load from the KV cache as stored; V^T is built once per K/V
-// tile of up to 128 keys and read by every row block. The rounding is that of the vdpbf16ps kernel (kernel_avx512.hpp: q and the softmax weights
-// rounded to bf16, sums in f32), so the two share one error bound: |o - o_exact| <= 2^-8 sum_j w_j |v_j|.
+// tile of up to 128 keys and read by every row block. The rounding is that of the vdpbf16ps kernel
+// (kernel_bf16.hpp: q and the softmax weights rounded to bf16, sums in f32), so the two share one error bound:
+// |o - o_exact| <= 2^-8 sum_j w_j |v_j|.
 //
 // Tiles are per-thread state: each call loads the tile configuration and releases the tiles when it returns.
 // The OS must grant a process the tile data (Linux: arch_prctl ARCH_REQ_XCOMP_PERM); amx_usable() (simd.hpp)
-// asks once, and the dispatcher calls this kernel only where it was granted.
+// asks once, and the plan chooses this kernel only where it was granted (kernel.hpp: choose_kernel).
 //
-// Part of kernel_avx512.hpp, which includes it after the vdpbf16ps kernel whose key pairing it reuses.
+// Built on the vdpbf16ps policies (kernel_bf16.hpp: their key pairing, the driver compiled for AVX512_BF16).
 #pragma once
+
+#include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
+
+#include <cstdint>
+#include <cstring>
+
+#include "cascade/cpu/kernel_bf16.hpp"
 
 #if CASCADE_X86 && defined(__x86_64__)
 #define CASCADE_AMX_KERNEL 1
@@ -47,6 +55,8 @@ using V = avx512::V;
 using avx512::exp2_neg;
 using avx512::finish_row;
 using avx512::kLog2e;
+using avx512::RowBlock;
+using avx512::RowBlocks;
 
 // Keys per K/V tile (copied and transposed once, read by every row block), keys per step of a row block.
 inline constexpr int64_t kTileKeys = 128;
@@ -204,10 +214,9 @@ inline void step(const uint32_t* qp, const uint16_t* kp, int64_t ks, const uint1
 }
 
 // step for two row blocks at once (32 rows): each K and V^T tile loaded serves both, and the two blocks'
-// products are independent (four accumulations in flight instead of two). It gains only 2-3% over two single
-// steps: timed alone on one core, a step's S^T takes ~210 cycles, its softmax ~440 and O^T += V^T P^T ~380, so
-// the vector work and the tile loads and stores, not the multiplies, bound it. q2, o2, m2, l2: the second
-// block's; s and p hold both blocks' (64 x 16 floats, 32 x 16 words).
+// products are independent (four accumulations in flight instead of two). It gains little over two single steps:
+// the vector work and the tile loads and stores, not the multiplies, bound a step (docs/study.md §11, §19). q2,
+// o2, m2, l2: the second block's; s and p hold both blocks' (64 x 16 floats, 32 x 16 words).
 template <int D>
 inline void step2(const uint32_t* qp, const uint32_t* q2, const uint16_t* kp, int64_t ks, const uint16_t* vt,
                   int64_t n_tile, int64_t d_rt, float qs, int nk, const uint32_t* bits, const uint32_t* bits2,
@@ -277,27 +286,48 @@ inline void v_transposed(const KvView& kv, int kvh, int64_t a, int64_t n, int64_
     }
 }
 
-// As avx512_bf16::tile_attend (bf16 K/V, head_dim a multiple of 32), on AMX tiles.
-template <int D, class Mask>
-void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int64_t t0, int64_t t1, const Mask& mask,
-                 float scale, float* o, float* lse, Scratch& sc) {
-  constexpr int64_t RB = 16;
-  const int64_t d = D > 0 ? D : kv.head_dim;
-  const int64_t n_blocks = (n_rows + RB - 1) / RB;
-  uint32_t* qp = reinterpret_cast<uint32_t*>(sc.get(0, n_blocks * RB * d / 2));
-  float* ot = sc.get(1, n_blocks * RB * d);
-  float* m = sc.get(2, n_blocks * RB);
-  float* l = sc.get(3, n_blocks * RB);
-  uint16_t* kp = reinterpret_cast<uint16_t*>(sc.get(4, kStep * d / 2));
-  const uint16_t* kb = static_cast<const uint16_t*>(kv.k);
-  uint32_t* bits = reinterpret_cast<uint32_t*>(sc.get(6, 2 * kTileKeys));
-  // slot 7: S^T and P^T of a step (two blocks'), then V^T of the tile (d rows of kTileKeys bf16)
-  float* s = sc.get(7, 64 * 16 + 32 * 16 + kTileKeys * d / 2);
-  uint32_t* p = reinterpret_cast<uint32_t*>(s + 64 * 16);
-  uint16_t* vt = reinterpret_cast<uint16_t*>(s + 64 * 16 + 32 * 16);
-  // Q^T per block: each 16 rows x 32 dims rounded to bf16 (nearest even, as bf16(float)) as 16 x 16 words of
-  // dim pairs, transposed to (dim pair, row). Rows past n_rows are zero.
-  {
+// The tiled kernel for bf16 K/V (head_dim a multiple of 32) on AMX tiles: row blocks of 16 rows, two at a time
+// (step2) and the last one alone when their number is odd, against 32 keys a step; tiles of kTileKeys keys, the
+// next one asked for all at once after the load.
+template <int D>
+struct TiledAmx {
+  static constexpr int RB = 16;
+  static constexpr int64_t kTileKeys = amx::kTileKeys;
+  static constexpr int64_t kTilePad = kTileKeys;
+  static constexpr int kMaxSub = 2;
+  static constexpr bool kPrefetchSpread = false;
+  enum Kind { pair, single };
+
+  int64_t d;
+  float qs = 0;                // scale * log2 e, applied to S
+  uint32_t* qp = nullptr;      // Q^T per block of 16 rows: (d/2, 16) words of bf16 head-dim pairs
+  uint16_t* kp = nullptr;      // a last step's K rows, zero-padded to 32 keys
+  float* s = nullptr;          // S^T of a step (two blocks': 64 x 16 floats)
+  uint32_t* p = nullptr;       // P^T of a step (32 x 16 words)
+  uint16_t* vt = nullptr;      // V^T of the tile: d rows of kTileKeys bf16
+  const uint16_t* k_run = nullptr;  // the tile's K in the cache itself, rows ks apart
+  int64_t ks = 0, n_full = 0;       // its row stride; its keys in whole steps of 32
+  Tiles tiles;                 // the tile configuration, for the call
+
+  explicit TiledAmx(const KvView& kv) : d(D > 0 ? D : kv.head_dim) {}
+
+  RowBlocks blocks(int64_t n_rows) const {
+    const int64_t n_blocks = (n_rows + RB - 1) / RB;
+    RowBlocks b({0, 2 * RB, 2, RB, kStep, RB, pair}, n_blocks / 2);
+    if (n_blocks % 2) b.add({(n_blocks - 1) * RB, RB, 1, RB, kStep, RB, single});
+    return b;
+  }
+
+  // Q^T per block: each 16 rows x 32 dims rounded to bf16 (nearest even, as bf16(float)) as 16 x 16 words of dim
+  // pairs, transposed to (dim pair, row). Rows past n_rows are zero.
+  void begin(const float* q, int64_t n_rows, const RowBlocks& blocks, float scale, Scratch& sc) {
+    const int64_t n_blocks = (n_rows + RB - 1) / RB;
+    qp = reinterpret_cast<uint32_t*>(sc.get(0, n_blocks * RB * d / 2));
+    kp = reinterpret_cast<uint16_t*>(sc.get(4, kStep * d / 2));
+    s = sc.get(7, 64 * 16 + 32 * 16 + kTileKeys * d / 2);
+    p = reinterpret_cast<uint32_t*>(s + 64 * 16);
+    vt = reinterpret_cast<uint16_t*>(s + 64 * 16 + 32 * 16);
+    qs = scale * kLog2e;
     alignas(64) uint32_t rows[16 * 16];
     for (int64_t b = 0; b < n_blocks; ++b)
       for (int64_t k = 0; k < d; k += 32) {
@@ -311,56 +341,40 @@ void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int6
         transpose16(rows, 16, qp + (b * d / 2 + k / 2) * RB, RB);
       }
   }
-  std::fill(ot, ot + n_blocks * RB * d, 0.0f);
-  std::fill(m, m + n_blocks * RB, kNegInf);
-  std::fill(l, l + n_blocks * RB, 0.0f);
-  const float qs = scale * kLog2e;
-  const Tiles tiles;
-  for (int64_t a = t0; a < t1;) {
-    const int64_t n = std::min({kTileKeys, t1 - a, kv.run_length(a)});
+
+  // K tiles load from the cache itself (a tile's tokens are one run, stride_token apart); only a last step of
+  // fewer than 32 keys reads a zero-padded copy, since its tile would read rows past the run. V^T is built once.
+  void load_tile(const KvView& kv, int kvh, int64_t a, int64_t n, Scratch&) {
     const int64_t n_pad = (n + kStep - 1) / kStep * kStep;
-    // K tiles load from the cache itself (a tile's tokens are one run, stride_token apart); only a last step of
-    // fewer than 32 keys reads a zero-padded copy, since its tile would read rows past the run.
-    const uint16_t* k_run = kb + kv.offset(a, kvh);
-    const int64_t n_full = n / kStep * kStep;
+    k_run = static_cast<const uint16_t*>(kv.k) + kv.offset(a, kvh);
+    ks = kv.stride_token;
+    n_full = n / kStep * kStep;
     if (n_full < n) {
-      for (int64_t j = n_full; j < n; ++j)
-        std::memcpy(kp + (j - n_full) * d, k_run + j * kv.stride_token, size_t(d) * 2);
+      for (int64_t j = n_full; j < n; ++j) std::memcpy(kp + (j - n_full) * d, k_run + j * ks, size_t(d) * 2);
       std::memset(kp + (n - n_full) * d, 0, size_t((n_pad - n) * d) * 2);
     }
     v_transposed(kv, kvh, a, n, n_pad, d, vt);
-    avx512::prefetch_tile(kv, kvh, a + n, std::min(t1, a + n + kTileKeys));
-    // row blocks two at a time (step2), the last one alone when their number is odd
-    for (int64_t b = 0; b < n_blocks;) {
-      const int64_t nb = std::min<int64_t>(2, n_blocks - b);
-      const uint32_t* bb[2] = {nullptr, nullptr};
-      for (int64_t x = 0; x < nb; ++x) {
-        const int64_t r0 = (b + x) * RB, rows = std::min(RB, n_rows - r0);
-        if (mask.all_visible(r0, rows, a, n)) continue;
-        mask.lane_bits(r0, int(rows), a, n, bits + x * kTileKeys);
-        bb[x] = bits + x * kTileKeys;
-      }
-      const int64_t r0 = b * RB, r1 = r0 + RB;
-      for (int64_t c = 0; c < n; c += kStep) {
-        const int nk = int(std::min<int64_t>(kStep, n - c));
-        const uint16_t* kc = c < n_full ? k_run + c * kv.stride_token : kp;
-        const int64_t ks = c < n_full ? kv.stride_token : d;
-        if (nb == 2)
-          step2<D>(qp + b * RB * d / 2, qp + (b + 1) * RB * d / 2, kc, ks, vt + c, kTileKeys, d, qs, nk,
-                   bb[0] ? bb[0] + c : nullptr, bb[1] ? bb[1] + c : nullptr, s, p, ot + r0 * d, ot + r1 * d, m + r0,
-                   m + r1, l + r0, l + r1);
-        else
-          step<D>(qp + b * RB * d / 2, kc, ks, vt + c, kTileKeys, d, qs, nk, bb[0] ? bb[0] + c : nullptr, s, p,
-                  ot + r0 * d, m + r0, l + r0);
-      }
-      b += nb;
-    }
-    a += n;
   }
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const int64_t b = r / RB, x = r % RB;
-    finish_row(ot + b * RB * d + x, RB, m[r], l[r], d, o + r * d, lse + r);
+
+  void step(const RowBlock& b, int64_t c, int nk, const uint32_t* bits, int64_t bits_stride, float* ot, float* m,
+            float* l) const {
+    const uint16_t* kc = c < n_full ? k_run + c * ks : kp;
+    const int64_t kstride = c < n_full ? ks : d;
+    const uint32_t* q0 = qp + b.r0 * d / 2;
+    if (b.kind == pair)
+      step2<D>(q0, q0 + RB * d / 2, kc, kstride, vt + c, kTileKeys, d, qs, nk, bits,
+               bits ? bits + bits_stride : nullptr, s, p, ot, ot + RB * d, m, m + RB, l, l + RB);
+    else
+      amx::step<D>(q0, kc, kstride, vt + c, kTileKeys, d, qs, nk, bits, s, p, ot, m, l);
   }
+};
+
+// The tiled kernel for bf16 K/V on AMX tiles (see run_tiled).
+template <int D, class Mask>
+void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int64_t t0, int64_t t1, const Mask& mask,
+                 float scale, float* o, float* lse, Scratch& sc) {
+  TiledAmx<D> p(kv);
+  avx512_bf16::run_tiled(p, q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse, sc);
 }
 
 }  // namespace cascade::cpu::amx

@@ -1,6 +1,6 @@
-// The AVX2 + FMA + F16C kernels (8 lanes): Haswell, Zen 1 and every x86-64 server and laptop since.
-// Compiled for that instruction set whatever the build's flags; the dispatcher (kernel.hpp) calls them
-// only where cpu_features() has it.
+// The AVX2 + FMA + F16C tier (8 lanes): Haswell, Zen 1 and every x86-64 server and laptop since. Its vector type,
+// the drivers and the f32 products policies on it. Compiled for that instruction set whatever the build's flags;
+// the plan chooses this tier (kernel.hpp: choose_kernel) only where cpu_features() has it.
 #pragma once
 
 #include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
@@ -75,45 +75,11 @@ struct V {
 };
 
 #include "cascade/cpu/kernel_simd.inc"
+#include "cascade/cpu/kernel_driver.inc"
+#include "cascade/cpu/kernel_products_f32.inc"
 
 // Row blocks of the tiled kernel: one register of 8 rows against 8 keys (16 registers in all).
 inline constexpr int kTileRV = 1, kTileNK = 8;
-
-template <class T, class Mask>
-void attend_typed(bool few, const float* q, int64_t n_rows, int n_heads, const KvView& kv, int kvh, int64_t t0,
-                  int64_t t1, const Mask& mask, float scale, float* o, float* lse, Scratch& sc) {
-  const int64_t d = kv.head_dim;
-  if (few) {
-    switch (d) {
-      case 64: return few_attend<T, 8, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
-      case 128: return few_attend<T, 16, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
-      default: return few_attend<T, 0, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
-    }
-  }
-  constexpr int RV = kTileRV, NK = kTileNK;
-  for (int h = 0; h < n_heads; ++h) {
-    const float* qh = q + h * n_rows * d;
-    float* oh = o + h * n_rows * d;
-    float* lh = lse + h * n_rows;
-    switch (d) {
-      case 64: tile_attend<T, 64, RV, NK, Mask>(qh, n_rows, kv, kvh + h, t0, t1, mask, scale, oh, lh, sc); break;
-      case 128: tile_attend<T, 128, RV, NK, Mask>(qh, n_rows, kv, kvh + h, t0, t1, mask, scale, oh, lh, sc); break;
-      default: tile_attend<T, 0, RV, NK, Mask>(qh, n_rows, kv, kvh + h, t0, t1, mask, scale, oh, lh, sc); break;
-    }
-  }
-}
-
-// Attends heads [kvh, kvh + n_heads) (q, o: (n_heads, n_rows, head_dim), q times `scale`; lse:
-// (n_heads, n_rows)) with the few-rows kernel (head_dim a multiple of 8) or head by head with the tiled one.
-template <class Mask>
-void attend(bool few, const float* q, int64_t n_rows, int n_heads, const KvView& kv, int kvh, int64_t t0, int64_t t1,
-            const Mask& mask, float scale, float* o, float* lse, Scratch& sc) {
-  switch (kv.dtype) {
-    case DType::f32: return attend_typed<float>(few, q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
-    case DType::f16: return attend_typed<f16>(few, q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
-    case DType::bf16: return attend_typed<bf16>(few, q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
-  }
-}
 
 }  // namespace cascade::cpu::avx2
 CASCADE_TARGET_END

@@ -23,30 +23,9 @@ inline constexpr int64_t kMaxRows = 128;
 // Most stacked rows per KV head the few-rows kernel takes (kernel.hpp).
 inline constexpr int64_t kFewRows = 8;
 
-// How the AVX-512 kernels multiply bf16 K/V (kernel.hpp picks it): in f32, on vdpbf16ps, or on AMX tiles
-// (kernel_amx.hpp, the tiled kernel only). The last two round q and the softmax weights to bf16 alike.
-enum class Bf16Kernel : uint8_t { f32 = 0, dot = 1, tiles = 2 };
-
 // The kernels' revision: raised whenever a change moves what a kernel costs, so that auto's profiles
-// calibrated on older kernels (profile_cache.hpp keeps them per machine) are measured again, not reused.
-// 2: the per-sequence pass prefetches its K/V rows (about twice as fast from memory at head dim 64).
-// 3: the tiled kernel prefetches its next K/V tile and takes a last block of 8 rows or fewer on 8 lanes.
-// 4: the per-sequence pass keeps each head's queries in registers over a chunk of keys (1.2-1.6x from memory
-//    with 8 KV heads).
-// 5: the softmax's exp2 never makes a subnormal (on Intel cores each took a microcode assist: the masked tiled
-//    kernel ran 2-3x faster after).
-// 6: the shared pass on AMX tiles for bf16 K/V where the CPU has them.
-// 7: the tiled kernel's row blocks of two registers on AVX-512, and work items handed out largest first (K2's
-//    shared pass 1.14x).
-// 8: the per-sequence pass asks for the next tile's K and V over its score and PV loops alike (1.1-1.4x from
-//    memory with 4-32 KV heads).
-// 9: over an item's last tile the per-sequence pass asks for the first tile of the thread's next item (K2's
-//    per-sequence part, 64 own tokens, 1.3x).
-// 10: on AMD cores the attention kernels' prefetches go into L1 (simd.hpp, prefetch_to_l1: the per-sequence
-//     pass 1.1x from memory).
-// 11: the per-sequence pass multiplies bf16 K/V on vdpbf16ps where the shared pass does (1.1-1.6x per item on Zen 4
-//     with 3-8 rows per KV head).
-// 12: on Zen 4 (AMD family 25) the prefetches go into L2 again (simd.hpp: the per-sequence pass 1.1-1.3x there).
+// calibrated on older kernels (profile_cache.hpp keeps them per machine) are measured again, not reused. What
+// each revision changed, and what it gained, is listed in docs/study.md (§19).
 inline constexpr int kKernelRevision = 12;
 
 // K/V token rows a kernel call asks for over its last tile: the start of what the calling thread attends next

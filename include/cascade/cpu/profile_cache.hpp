@@ -156,7 +156,11 @@ inline ProfileKey ProfileKey::here(int n_threads, const HeadShape& shape, DType 
   k.cpu_features = cpu_feature_names();
   if (k.cpu_features.empty()) k.cpu_features = "none";
   k.isa = isa_name(active_isa());
-  if (kv_dtype == DType::bf16) k.isa += bf16_kernel_suffix(bf16_kernel());  // another rate than f32 products
+  if (kv_dtype == DType::bf16) {  // bf16 products: another rate than f32 ones
+    const Products p =
+        choose_kernel(KernelShape::tiled, kv_dtype, shape.head_dim, KernelOptions::process()).products;
+    k.isa += p == Products::amx_bf16 ? "+amx" : p == Products::bf16_dot ? "+bf16" : "";
+  }
   k.build = build_description();
   k.n_threads = effective_threads(n_threads);
   k.n_kv_heads = shape.n_kv_heads;

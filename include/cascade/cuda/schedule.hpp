@@ -39,10 +39,6 @@ struct ScheduleOptions {
   int blocks_per_sm = 4;   // aim for about this many blocks per multiprocessor in all
 };
 
-inline int pick_kernel(int64_t rows_per_head, int /*head_dim*/) {
-  return rows_per_head <= kTileRows[kNarrow] ? kNarrow : kWide;
-}
-
 // The schedule's view of a device. An item's work per key: 1 for a narrow block, 4 for a wide one (four
 // warps of rows per token, against one).
 inline Target target(const ScheduleOptions& opt = {}) {
@@ -50,7 +46,8 @@ inline Target target(const ScheduleOptions& opt = {}) {
   t.backend = "cuda";
   t.kernels[kNarrow] = {kTileRows[kNarrow], false, 1.0, 0.0};
   t.kernels[kWide] = {kTileRows[kWide], false, 4.0, 0.0};
-  t.pick = pick_kernel;
+  t.few_rows = kTileRows[kNarrow];  // passes of at most a narrow block's rows per KV head take it
+  t.few_kernel = kNarrow;
   t.n_items = double(std::max(1, opt.n_sm) * std::max(1, opt.blocks_per_sm));
   t.min_chunk = kMinChunk;
   t.chunk_align = kChunkAlign;
