@@ -194,6 +194,12 @@ class Plan:
         and per segment shared (attended once) and n_passes (passes over its K/V).
         """
 
+    def kernels(self, kv_dtype: object = 'float16') -> dict:
+        """
+        The kernels this plan runs on K/V of kv_dtype, chosen when it was made: {'shared': ..., 'per_sequence':
+        ...} for the kinds of pass it has, each named 'TIER SHAPE PRODUCTS' (e.g. 'avx512 tiled bf16-dot').
+        """
+
     def __repr__(self) -> str: ...
 
 class BoundPlan:

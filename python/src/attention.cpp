@@ -490,6 +490,19 @@ void bind_attention(nb::module_& m) {
       .def_prop_ro("choice", [](const PyPlan& p) { return choice_dict(p.plan); },
                    "auto's decision (None for method='cascade'): changed, predicted_tree_s, predicted_chosen_s,\n"
                    "and per segment shared (attended once) and n_passes (passes over its K/V).")
+      .def(
+          "kernels",
+          [](const PyPlan& p, nb::handle kv_dtype) {
+            const DType dt = parse_kv_dtype(kv_dtype);
+            nb::dict d;
+            for (const Schedule::Pass& ps : p.plan.schedule().passes)
+              d[ps.kernel == cpu::kTiledKernel ? "shared" : "per_sequence"] =
+                  cpu::kernel_name(p.plan.target(), ps.kernel, dt);
+            return d;
+          },
+          nb::arg("kv_dtype") = "float16",
+          "The kernels this plan runs on K/V of kv_dtype, chosen when it was made: {'shared': ..., 'per_sequence':\n"
+          "...} for the kinds of pass it has, each named 'TIER SHAPE PRODUCTS' (e.g. 'avx512 tiled bf16-dot').")
       .def("__repr__", [](const PyPlan& p) {
         const HeadShape& s = p.plan.shape();
         return cat("Plan(", p.plan.n_segments(), " segments, ", p.plan.n_sequences(), " sequences, ",

@@ -215,3 +215,24 @@ def test_bad_arguments_name_the_argument(rng):
         cascade.CostModel.parse("cascade-cost-model 1\nbogus 1\n")
     with pytest.raises(ValueError, match=r"make_unified: segments mix K/V dtypes"):
         cascade.UnifiedLayout(plan, [k[0], k[1].astype(np.float16), k[2]], [v[0], v[1].astype(np.float16), v[2]])
+
+
+def test_plan_names_its_kernels():
+    import re
+
+    name = re.compile(r"^(portable|avx2|avx512) (tiled|few-rows) (f32|bf16-dot|amx-bf16)$")
+    # 8 sequences x 4 query heads per KV head below the prefix: the shared pass stacks 32 rows per KV head.
+    plan = cascade.Plan.two_level(1000, [50] * 8, n_q_heads=8, n_kv_heads=2, head_dim=64)
+    for kv in ("float32", "float16", "bfloat16"):
+        k = plan.kernels(kv)
+        assert set(k) == {"shared", "per_sequence"}
+        assert all(name.match(v) for v in k.values()), k
+        assert k["shared"].split()[1] == "tiled"
+        if kv != "bfloat16":
+            assert k["shared"].endswith(" f32") and k["per_sequence"].endswith(" f32")
+    assert plan.kernels() == plan.kernels("float16")
+    # One sequence alone: no shared pass.
+    alone = cascade.Plan.two_level(0, [50], n_q_heads=8, n_kv_heads=2, head_dim=64)
+    assert set(alone.kernels()) == {"per_sequence"}
+    with pytest.raises(ValueError, match="kv_dtype"):
+        plan.kernels("int8")
