@@ -3,7 +3,9 @@
 //   1 the same vocabulary with SmolLM2's pre-tokenizer ("smollm": every digit a word of its own)
 //   2 the same vocabulary with Llama 3's pre-tokenizer ("llama-bpe": whole-word tokens skip the merges)
 //   3 Llama SentencePiece BPE (testdata ggml-vocab-llama-spm.gguf)
-//   4 the real SmolLM2 vocabulary, when the model file exists (CASCADE_FUZZ_MODEL overrides its path)
+//   4 Qwen 2 byte-level BPE (testdata ggml-vocab-qwen2.gguf, pre-tokenizer "qwen2", user-defined tokens)
+//   5 Phi-3 SentencePiece BPE (testdata ggml-vocab-phi-3.gguf: special tokens that swallow whitespace)
+//   6 the real SmolLM2 vocabulary, when the model file exists (CASCADE_FUZZ_MODEL overrides its path)
 // The testdata folder is CASCADE_TESTDATA_DIR/tokenizer (CASCADE_FUZZ_TESTDATA overrides it).
 //
 // Input: byte 0 picks the vocabulary (low 3 bits, modulo the count) and the flags (bit 4 add_special, bit 5
@@ -53,6 +55,8 @@ std::vector<Entry> load_all() {
     out.push_back({"gpt-2 vocab, smollm pre-tokenizer", std::make_unique<Tokenizer>(smol), true});
     out.push_back({"gpt-2 vocab, llama-bpe pre-tokenizer", std::make_unique<Tokenizer>(llama3), true});
     out.push_back({"llama-spm", std::make_unique<Tokenizer>(load(dir + "/ggml-vocab-llama-spm.gguf")), true});
+    out.push_back({"qwen2", std::make_unique<Tokenizer>(load(dir + "/ggml-vocab-qwen2.gguf")), true});
+    out.push_back({"phi-3", std::make_unique<Tokenizer>(load(dir + "/ggml-vocab-phi-3.gguf")), true});
   } catch (const Error& e) {
     std::fprintf(stderr, "fuzz_tokenizer: cannot load the test vocabularies: %s\n", e.what());
     std::exit(2);

@@ -4,6 +4,9 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <cctype>
+#include <iterator>
+#include <optional>
 #include <queue>
 
 #include "cascade/error.hpp"
@@ -157,7 +160,8 @@ void split_gpt2(const Segment& s, size_t b, size_t e, std::vector<size_t>& ends)
 
 // Llama 3: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
 //          \s*[\r\n]+|\s+(?!\S)|\s+
-void split_llama3(const Segment& s, size_t b, size_t e, std::vector<size_t>& ends) {
+// with n_digits_max = 3; Qwen 2 (n_digits_max = 1) has \p{N} in place of \p{N}{1,3}, the rest alike.
+void split_llama3(const Segment& s, size_t b, size_t e, size_t n_digits_max, std::vector<size_t>& ends) {
   const auto& cps = s.cps;
   const auto& cls = s.cls;
   const auto is_nl = [&](size_t k) { return cps[k] == '\r' || cps[k] == '\n'; };
@@ -176,10 +180,10 @@ void split_llama3(const Segment& s, size_t b, size_t e, std::vector<size_t>& end
       ends.push_back(p);
       continue;
     }
-    // \p{N}{1,3}
+    // \p{N}{1,n_digits_max}
     if (cls[p] == kNumber) {
       size_t r = p;
-      while (r < e && r - p < 3 && cls[r] == kNumber) ++r;
+      while (r < e && r - p < n_digits_max && cls[r] == kNumber) ++r;
       p = r;
       ends.push_back(p);
       continue;
@@ -290,6 +294,74 @@ int parse_byte_token(std::string_view t) {
   return v;
 }
 
+// --- the pieces of tokens ------------------------------------------------------------------------------
+
+// A byte-level token's bytes: each code point of the byte mapping stands for its byte; others (not produced by
+// the mapping) are kept as their UTF-8.
+std::string byte_level_piece(const std::string& t) {
+  std::string out;
+  size_t pos = 0;
+  while (pos < t.size()) {
+    const size_t start = pos;
+    const uint32_t cp = next_codepoint(t, pos);
+    auto it = byte_map().to_byte.find(cp);
+    if (it != byte_map().to_byte.end()) {
+      out += char(it->second);
+    } else {
+      out.append(t, start, pos - start);
+    }
+  }
+  return out;
+}
+
+// A SentencePiece token's bytes: U+2581 is a space.
+std::string sentencepiece_piece(const std::string& t) {
+  std::string out;
+  size_t pos = 0;
+  while (pos < t.size()) {
+    if (t.compare(pos, 3, "\xE2\x96\x81") == 0) {
+      out += ' ';
+      pos += 3;
+    } else {
+      out += t[pos++];
+    }
+  }
+  return out;
+}
+
+// --- pre-tokenizer names -------------------------------------------------------------------------------
+
+// The `tokenizer.ggml.pre` names this tokenizer implements, with the settings llama.cpp gives each.
+struct PreTokenizerName {
+  std::string_view name;
+  PreTokenizer pre;
+  bool ignore_merges;  // a word that is a token is emitted whole, not merged
+};
+
+constexpr PreTokenizerName kPreTokenizers[] = {
+    {"default", PreTokenizer::gpt2, false},         {"gpt-2", PreTokenizer::gpt2, false},
+    {"gpt2", PreTokenizer::gpt2, false},            {"llama-bpe", PreTokenizer::llama3, true},
+    {"llama3", PreTokenizer::llama3, true},         {"llama-v3", PreTokenizer::llama3, true},
+    {"qwen2", PreTokenizer::qwen2, false},          {"deepseek-r1-qwen", PreTokenizer::qwen2, false},
+    {"smollm", PreTokenizer::digits_first, false},  {"starcoder", PreTokenizer::digits_first, false},
+};
+
+const PreTokenizerName* find_pre_tokenizer(std::string_view name) {
+  for (const PreTokenizerName& p : kPreTokenizers) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+std::string supported_pre_tokenizers() {
+  std::string out;
+  for (const PreTokenizerName& p : kPreTokenizers) {
+    if (!out.empty()) out += ", ";
+    out += p.name;
+  }
+  return out;
+}
+
 }  // namespace
 
 uint32_t byte_to_codepoint(uint8_t b) { return byte_map().to_cp[b]; }
@@ -297,31 +369,43 @@ uint32_t byte_to_codepoint(uint8_t b) { return byte_map().to_cp[b]; }
 // --- Tokenizer ---------------------------------------------------------------------------------------
 
 Tokenizer::Tokenizer(Vocab vocab) : vocab_(std::move(vocab)) {
+  select_algorithm();
+  check_vocab();
+  index_tokens();
+  build_pieces();
+  build_byte_tokens();
+  build_merges();
+  for (int32_t id : {vocab_.eos_id, vocab_.eot_id, vocab_.eom_id}) {
+    if (id >= 0) eog_.insert(id);
+  }
+  eog_.insert(vocab_.eog_ids.begin(), vocab_.eog_ids.end());
+  rstrip_.insert(vocab_.rstrip_ids.begin(), vocab_.rstrip_ids.end());
+}
+
+void Tokenizer::select_algorithm() {
   const Vocab& v = vocab_;
-  const size_t n = v.tokens.size();
-  CASCADE_CHECK(n > 0, "tokenizer: the vocabulary has no tokens");
-  CASCADE_CHECK(n <= size_t(INT32_MAX), "tokenizer: too many tokens (", n, ")");
   if (v.model == "gpt2") {
     kind_ = Kind::bpe;
   } else if (v.model == "llama") {
     kind_ = Kind::spm;
+    return;
   } else {
     detail::fail("tokenizer: unsupported tokenizer model '", v.model,
                  "' (supported: \"gpt2\" byte-level BPE, \"llama\" SentencePiece BPE)");
   }
-  if (kind_ == Kind::bpe) {
-    if (v.pre == "default" || v.pre == "gpt-2" || v.pre == "gpt2" || v.pre.empty()) {
-      pre_ = Pre::gpt2;
-    } else if (v.pre == "llama-bpe" || v.pre == "llama3" || v.pre == "llama-v3") {
-      pre_ = Pre::llama3;
-      ignore_merges_ = true;
-    } else if (v.pre == "smollm" || v.pre == "starcoder") {
-      pre_ = Pre::digits_first;
-    } else {
-      detail::fail("tokenizer: unsupported pre-tokenizer '", v.pre,
-                   "' (supported: default, gpt-2, llama-bpe, smollm, starcoder)");
-    }
+  const PreTokenizerName* pre = find_pre_tokenizer(v.pre.empty() ? "default" : v.pre);
+  if (!pre) {
+    detail::fail("tokenizer: unsupported pre-tokenizer '", v.pre, "' (supported: ", supported_pre_tokenizers(), ")");
   }
+  pre_ = pre->pre;
+  ignore_merges_ = pre->ignore_merges;
+}
+
+void Tokenizer::check_vocab() const {
+  const Vocab& v = vocab_;
+  const size_t n = v.tokens.size();
+  CASCADE_CHECK(n > 0, "tokenizer: the vocabulary has no tokens");
+  CASCADE_CHECK(n <= size_t(INT32_MAX), "tokenizer: too many tokens (", n, ")");
   CASCADE_CHECK(v.token_types.empty() || v.token_types.size() == n, "tokenizer: ", v.token_types.size(),
                 " token types for ", n, " tokens");
   for (size_t i = 0; i < v.token_types.size(); ++i) {
@@ -341,14 +425,22 @@ Tokenizer::Tokenizer(Vocab vocab) : vocab_(std::move(vocab)) {
   check_special(v.unk_id, "unknown-token");
   check_special(v.pad_id, "padding");
   for (int32_t id : v.eog_ids) check_special(id, "end-of-generation");
+  for (int32_t id : v.rstrip_ids) check_special(id, "right-stripping");
   CASCADE_CHECK(!v.add_bos || v.bos_id >= 0, "tokenizer: add_bos_token is true but there is no BOS id");
   CASCADE_CHECK(!v.add_eos || v.eos_id >= 0, "tokenizer: add_eos_token is true but there is no EOS id");
+}
 
-  // Text -> id; a text that appears twice maps to the later id.
+// Text -> id; a text that appears twice maps to the later id.
+void Tokenizer::index_tokens() {
+  const size_t n = vocab_.tokens.size();
   token_to_id_.reserve(n);
-  for (size_t i = 0; i < n; ++i) token_to_id_[v.tokens[i]] = int32_t(i);
+  for (size_t i = 0; i < n; ++i) token_to_id_[vocab_.tokens[i]] = int32_t(i);
+}
 
-  // Pieces and the special tokens matched in text.
+// The bytes of each token, and the special tokens matched in text (longest text first).
+void Tokenizer::build_pieces() {
+  const Vocab& v = vocab_;
+  const size_t n = v.tokens.size();
   piece_.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const std::string& t = v.tokens[i];
@@ -360,38 +452,20 @@ Tokenizer::Tokenizer(Vocab vocab) : vocab_(std::move(vocab)) {
     } else if (type == TokenType::unused) {
       out.clear();
     } else if (kind_ == Kind::bpe) {
-      // Each code point of a byte-level token stands for one byte; others (not produced by the byte
-      // mapping) are kept as their UTF-8.
-      size_t pos = 0;
-      while (pos < t.size()) {
-        const size_t start = pos;
-        const uint32_t cp = next_codepoint(t, pos);
-        auto it = byte_map().to_byte.find(cp);
-        if (it != byte_map().to_byte.end()) {
-          out += char(it->second);
-        } else {
-          out.append(t, start, pos - start);
-        }
-      }
+      out = byte_level_piece(t);
     } else if (type == TokenType::byte && parse_byte_token(t) >= 0) {
       out = char(parse_byte_token(t));
     } else {
-      size_t pos = 0;
-      while (pos < t.size()) {
-        if (t.compare(pos, 3, "\xE2\x96\x81") == 0) {
-          out += ' ';
-          pos += 3;
-        } else {
-          out += t[pos++];
-        }
-      }
+      out = sentencepiece_piece(t);
     }
   }
   std::stable_sort(specials_.begin(), specials_.end(), [&](int32_t a, int32_t b) {
-    return v.tokens[a].size() > v.tokens[b].size();
+    return v.tokens[size_t(a)].size() > v.tokens[size_t(b)].size();
   });
+}
 
-  // Byte tokens.
+// BPE: the token of each byte's code point. SPM: <0xNN>, else the one-byte token, else the unknown token.
+void Tokenizer::build_byte_tokens() {
   for (int b = 0; b < 256; ++b) {
     if (kind_ == Kind::bpe) {
       std::string s;
@@ -402,33 +476,30 @@ Tokenizer::Tokenizer(Vocab vocab) : vocab_(std::move(vocab)) {
       const char name[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
       int32_t id = token_id(std::string_view(name, 6));
       if (id < 0) id = token_id(std::string(1, char(b)));
-      byte_token_[b] = id >= 0 ? id : v.unk_id;
+      byte_token_[b] = id >= 0 ? id : vocab_.unk_id;
     }
   }
+}
 
-  // Merge ranks keyed by the pair of ids.
-  if (kind_ == Kind::bpe) {
-    merges_.reserve(v.merges.size());
-    for (size_t r = 0; r < v.merges.size(); ++r) {
-      const std::string& m = v.merges[r];
-      const size_t sp = m.find(' ', 1);
-      CASCADE_CHECK(sp != std::string::npos, "tokenizer: merge ", r, " ('", m, "') has no space separating its parts");
-      const std::string_view left(m.data(), sp), right(m.data() + sp + 1, m.size() - sp - 1);
-      const int32_t a = token_id(left), b = token_id(right);
-      std::string joined(left);
-      joined += right;
-      const int32_t ab = token_id(joined);
-      // A merge whose parts or result are not tokens can never produce a token: skip it.
-      if (a < 0 || b < 0 || ab < 0) continue;
-      const uint64_t key = (uint64_t(uint32_t(a)) << 32) | uint32_t(b);
-      merges_.try_emplace(key, Merge{int32_t(r), ab});  // the first (best) rank wins
-    }
+// BPE merge ranks keyed by the pair of ids.
+void Tokenizer::build_merges() {
+  if (kind_ != Kind::bpe) return;
+  const std::vector<std::string>& merges = vocab_.merges;
+  merges_.reserve(merges.size());
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const std::string& m = merges[r];
+    const size_t sp = m.find(' ', 1);
+    CASCADE_CHECK(sp != std::string::npos, "tokenizer: merge ", r, " ('", m, "') has no space separating its parts");
+    const std::string_view left(m.data(), sp), right(m.data() + sp + 1, m.size() - sp - 1);
+    const int32_t a = token_id(left), b = token_id(right);
+    std::string joined(left);
+    joined += right;
+    const int32_t ab = token_id(joined);
+    // A merge whose parts or result are not tokens can never produce a token: skip it.
+    if (a < 0 || b < 0 || ab < 0) continue;
+    const uint64_t key = (uint64_t(uint32_t(a)) << 32) | uint32_t(b);
+    merges_.try_emplace(key, Merge{int32_t(r), ab});  // the first (best) rank wins
   }
-
-  for (int32_t id : {v.eos_id, v.eot_id, v.eom_id}) {
-    if (id >= 0) eog_.insert(id);
-  }
-  for (int32_t id : v.eog_ids) eog_.insert(id);
 }
 
 TokenType Tokenizer::token_type(int32_t id) const {
@@ -479,40 +550,8 @@ std::string Tokenizer::decode_next(int32_t id, DecodeState& state, bool render_s
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {
   std::vector<int32_t> out;
   if (add_special && vocab_.add_bos) out.push_back(vocab_.bos_id);
-
-  // Cut the special tokens out of the text, longest first. A fragment is raw text (id < 0) or one token.
-  struct Fragment {
-    int32_t id;
-    size_t off, len;
-  };
-  std::vector<Fragment> frags;
-  if (!text.empty()) frags.push_back({-1, 0, text.size()});
-  std::vector<Fragment> next;
-  for (int32_t sid : specials_) {
-    const TokenType type = token_type(sid);
-    if (!parse_special && type != TokenType::user_defined) continue;
-    const std::string& st = vocab_.tokens[size_t(sid)];
-    next.clear();
-    bool changed = false;
-    for (const Fragment& f : frags) {
-      if (f.id >= 0) {
-        next.push_back(f);
-        continue;
-      }
-      const std::string_view raw = text.substr(f.off, f.len);
-      size_t pos = 0;
-      for (size_t hit; (hit = raw.find(st, pos)) != std::string_view::npos; pos = hit + st.size()) {
-        if (hit > pos) next.push_back({-1, f.off + pos, hit - pos});
-        next.push_back({sid, 0, 0});
-        changed = true;
-      }
-      if (pos < raw.size()) next.push_back({-1, f.off + pos, raw.size() - pos});
-    }
-    if (changed) frags.swap(next);
-  }
-
   bool after_special = true;  // SentencePiece: a space is prefixed at the start and after a special token
-  for (const Fragment& f : frags) {
+  for (const Fragment& f : split_specials(text, parse_special)) {
     if (f.id >= 0) {
       out.push_back(f.id);
       after_special = true;
@@ -526,9 +565,43 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
     }
     after_special = false;
   }
-
   if (add_special && vocab_.add_eos) out.push_back(vocab_.eos_id);
   return out;
+}
+
+// Cuts the special tokens out of the text, longest first, each in turn through every raw fragment left. A token
+// with right-stripping drops the ASCII whitespace that follows it (up to the end of its fragment).
+std::vector<Tokenizer::Fragment> Tokenizer::split_specials(std::string_view text, bool parse_special) const {
+  std::vector<Fragment> frags;
+  if (!text.empty()) frags.push_back({-1, 0, text.size()});
+  std::vector<Fragment> next;
+  const auto is_space = [](char c) { return c == ' ' || (c >= '\t' && c <= '\r'); };
+  for (int32_t sid : specials_) {
+    const TokenType type = token_type(sid);
+    if (!parse_special && type != TokenType::user_defined) continue;
+    const std::string& st = vocab_.tokens[size_t(sid)];
+    const bool rstrip = rstrip_.count(sid) != 0;
+    next.clear();
+    bool changed = false;
+    for (const Fragment& f : frags) {
+      if (f.id >= 0) {
+        next.push_back(f);
+        continue;
+      }
+      const std::string_view raw = text.substr(f.off, f.len);
+      size_t pos = 0;
+      for (size_t hit; (hit = raw.find(st, pos)) != std::string_view::npos;) {
+        if (hit > pos) next.push_back({-1, f.off + pos, hit - pos});
+        next.push_back({sid, 0, 0});
+        changed = true;
+        pos = hit + st.size();
+        while (rstrip && pos < raw.size() && is_space(raw[pos])) ++pos;
+      }
+      if (pos < raw.size()) next.push_back({-1, f.off + pos, raw.size() - pos});
+    }
+    if (changed) frags.swap(next);
+  }
+  return frags;
 }
 
 void Tokenizer::encode_bpe(std::string_view text, std::vector<int32_t>& out) const {
@@ -537,13 +610,16 @@ void Tokenizer::encode_bpe(std::string_view text, std::vector<int32_t>& out) con
   std::vector<size_t> ends;
   ends.reserve(cps.size() / 3 + 4);
   switch (pre_) {
-    case Pre::gpt2:
+    case PreTokenizer::gpt2:
       split_gpt2(seg, 0, cps.size(), ends);
       break;
-    case Pre::llama3:
-      split_llama3(seg, 0, cps.size(), ends);
+    case PreTokenizer::llama3:
+      split_llama3(seg, 0, cps.size(), 3, ends);
       break;
-    case Pre::digits_first:
+    case PreTokenizer::qwen2:
+      split_llama3(seg, 0, cps.size(), 1, ends);
+      break;
+    case PreTokenizer::digits_first:
       split_digits_first(seg, 0, cps.size(), ends);
       break;
   }
@@ -696,19 +772,32 @@ void Tokenizer::encode_spm(std::string_view text, std::vector<int32_t>& out) con
 
 // --- GGUF --------------------------------------------------------------------------------------------
 
-Vocab load_vocab(const gguf::File& file) {
-  Vocab v;
-  const std::string& fname = file.name();
-  const auto fail_if = [&](bool bad, auto&&... parts) {
+namespace {
+
+// Fails with the file's name and the parts when bad.
+struct FileCheck {
+  const std::string& fname;
+  template <class... Parts>
+  void operator()(bool bad, const Parts&... parts) const {
     if (bad) detail::fail(fname, ": ", parts...);
-  };
+  }
+};
+
+// tokenizer.ggml.model and, for byte-level BPE, tokenizer.ggml.pre.
+void read_algorithm(const gguf::File& file, const FileCheck& fail_if, Vocab& v) {
   const auto model = file.get_string_opt("tokenizer.ggml.model");
   fail_if(!model, "no tokenizer in the file (key tokenizer.ggml.model is missing)");
   v.model = std::string(*model);
   fail_if(v.model != "gpt2" && v.model != "llama", "tokenizer.ggml.model is '", v.model,
           "'; supported: \"gpt2\" (byte-level BPE) and \"llama\" (SentencePiece BPE)");
-  const bool spm = v.model == "llama";
+  // SentencePiece vocabularies have no pre-tokenizer (llama.cpp ignores the key for them too).
+  v.pre = v.model == "gpt2" ? std::string(file.get_string_opt("tokenizer.ggml.pre").value_or("default")) : "default";
+  fail_if(!find_pre_tokenizer(v.pre), "tokenizer.ggml.pre '", v.pre, "' is not supported (supported: ",
+          supported_pre_tokenizers(), ")");
+}
 
+// tokenizer.ggml.tokens, .token_type, .scores and (byte-level BPE) .merges.
+void read_tokens(const gguf::File& file, const FileCheck& fail_if, Vocab& v) {
   fail_if(!file.find("tokenizer.ggml.tokens"), "key tokenizer.ggml.tokens is missing");
   for (std::string_view t : file.get_string_array("tokenizer.ggml.tokens")) v.tokens.emplace_back(t);
   const size_t n = v.tokens.size();
@@ -729,25 +818,22 @@ Vocab load_vocab(const gguf::File& file) {
     v.scores = file.get_float_array("tokenizer.ggml.scores");
     fail_if(v.scores.size() != n, "tokenizer.ggml.scores has ", v.scores.size(), " entries for ", n, " tokens");
   }
-  if (!spm) {
-    fail_if(!file.find("tokenizer.ggml.merges"), "key tokenizer.ggml.merges is missing (required for gpt2)");
-    const auto merges = file.get_string_array("tokenizer.ggml.merges");
-    v.merges.reserve(merges.size());
-    for (size_t r = 0; r < merges.size(); ++r) {
-      fail_if(merges[r].size() < 3 || merges[r].find(' ', 1) == std::string_view::npos,
-              "tokenizer.ggml.merges[", r, "] ('", merges[r], "') is not two parts separated by a space");
-      v.merges.emplace_back(merges[r]);
-    }
-    v.pre = std::string(file.get_string_opt("tokenizer.ggml.pre").value_or("default"));
-    const bool known = v.pre == "default" || v.pre == "gpt-2" || v.pre == "gpt2" || v.pre == "llama-bpe" ||
-                       v.pre == "llama3" || v.pre == "llama-v3" || v.pre == "smollm" || v.pre == "starcoder";
-    fail_if(!known, "tokenizer.ggml.pre '", v.pre,
-            "' is not supported (supported: default, gpt-2, llama-bpe, smollm, starcoder)");
-  } else {
-    v.pre = "default";
+  if (v.model != "gpt2") return;
+  fail_if(!file.find("tokenizer.ggml.merges"), "key tokenizer.ggml.merges is missing (required for gpt2)");
+  const auto merges = file.get_string_array("tokenizer.ggml.merges");
+  v.merges.reserve(merges.size());
+  for (size_t r = 0; r < merges.size(); ++r) {
+    fail_if(merges[r].size() < 3 || merges[r].find(' ', 1) == std::string_view::npos, "tokenizer.ggml.merges[", r,
+            "] ('", merges[r], "') is not two parts separated by a space");
+    v.merges.emplace_back(merges[r]);
   }
+}
 
-  // Special ids: SentencePiece files default to the Llama ids; absent means none for BPE.
+// The special token ids and what encode adds. SentencePiece files default to the Llama ids; absent means
+// none for BPE. BOS is added by default for SentencePiece and Llama 3, as llama.cpp does.
+void read_special_ids(const gguf::File& file, const FileCheck& fail_if, Vocab& v) {
+  const size_t n = v.tokens.size();
+  const bool spm = v.model == "llama";
   const auto read_id = [&](const char* key, int32_t dflt) -> int32_t {
     const auto id = file.get_uint_opt(key);
     if (!id) return dflt;
@@ -764,24 +850,117 @@ Vocab load_vocab(const gguf::File& file) {
     fail_if(*id >= int64_t(n), "special token id ", *id, " is outside the vocabulary of ", n,
             " tokens (the default for a key that is absent)");
   }
-
-  const bool llama3 = v.pre == "llama-bpe" || v.pre == "llama3" || v.pre == "llama-v3";
+  const bool llama3 = find_pre_tokenizer(v.pre)->pre == PreTokenizer::llama3;
   v.add_bos = file.get_bool_opt("tokenizer.ggml.add_bos_token").value_or(spm || llama3);
   v.add_eos = file.get_bool_opt("tokenizer.ggml.add_eos_token").value_or(false);
   v.add_space_prefix = spm && file.get_bool_opt("tokenizer.ggml.add_space_prefix").value_or(true);
   fail_if(v.add_bos && v.bos_id < 0, "tokenizer.ggml.add_bos_token is true but tokenizer.ggml.bos_token_id is missing");
   fail_if(v.add_eos && v.eos_id < 0, "tokenizer.ggml.add_eos_token is true but tokenizer.ggml.eos_token_id is missing");
+  // Settings that would change the ids and that this tokenizer does not implement.
+  for (const char* key : {"tokenizer.ggml.add_sep_token", "tokenizer.ggml.remove_extra_whitespaces"}) {
+    fail_if(file.get_bool_opt(key).value_or(false), key, " is true, which is not supported");
+  }
+}
 
-  // Tokens that end a turn in the common chat formats also end generation.
-  static constexpr std::string_view kEndOfTurn[] = {
-      "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-      "<EOT>",      "<|end_of_text|>", "<|return|>", "<|call|>",
+// Special tokens found by their text, as llama.cpp 0.3.36 finds them (its vocabulary loader), so that both
+// stop generating at the same tokens and split text the same way: the end-of-turn tokens of the common chat
+// formats (and </s>) end generation; they and the fill-in-the-middle tokens become control tokens (matched in
+// text only when asked, rendered only when asked). Two exceptions, as llama.cpp: a vocabulary with <|return|>
+// and <|call|> uses <|end|> inside a turn (user-defined, not an end); one with <|tool_response> or
+// <|plamo:eos|> has a normal </s>.
+void mark_special_tokens(const gguf::File& file, Vocab& v) {
+  // Fill-in-the-middle tokens by role: prefix, suffix, middle, pad, repository, file separator; the last three
+  // end generation. A role whose id the file gives (the key, or its older name) is not looked up by text.
+  struct FimRole {
+    const char* key;
+    const char* old_key;
+    std::vector<std::string_view> texts;
   };
+  static const FimRole kFim[] = {
+      {"tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id",
+       {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "\xE2\x96\x81<PRE>", "<|code_prefix|>",
+        "<|prefix|>"}},
+      {"tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.suffix_token_id",
+       {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "\xE2\x96\x81<SUF>", "<|code_suffix|>",
+        "<|suffix|>"}},
+      {"tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.middle_token_id",
+       {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "\xE2\x96\x81<MID>", "<|code_middle|>",
+        "<|middle|>"}},
+      {"tokenizer.ggml.fim_pad_token_id", nullptr, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"}},
+      {"tokenizer.ggml.fim_rep_token_id", nullptr,
+       {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}},
+      {"tokenizer.ggml.fim_sep_token_id", nullptr, {"<|file_sep|>"}},
+  };
+  constexpr int kFirstEndingRole = 3;
+  static const std::vector<std::string_view> kEndOfGeneration = {
+      "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+      "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+      "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+      "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81" "sentence\xEF\xBD\x9C>",  // DeepSeek's, in full-width bars
+      "[e~[",
+  };
+  constexpr int kEnds = -1;
+  const size_t n = v.tokens.size();
+  // Text -> FIM role, or kEnds; a role given by its key is left out.
+  std::unordered_map<std::string_view, int> wanted;
+  std::vector<int32_t> eog;
+  for (int r = 0; r < int(std::size(kFim)); ++r) {
+    std::optional<uint64_t> id = file.get_uint_opt(kFim[r].key);
+    if (!id && kFim[r].old_key) id = file.get_uint_opt(kFim[r].old_key);
+    if (id && *id < n) {
+      if (r >= kFirstEndingRole) eog.push_back(int32_t(*id));
+      continue;
+    }
+    for (std::string_view t : kFim[r].texts) wanted.emplace(t, r);
+  }
+  for (std::string_view t : kEndOfGeneration) wanted.emplace(t, kEnds);
+
+  if (v.token_types.empty()) v.token_types.assign(n, TokenType::normal);
+  const auto has = [&](std::string_view t) { return std::find(v.tokens.begin(), v.tokens.end(), t) != v.tokens.end(); };
+  const bool end_is_inner = has("<|return|>") && has("<|call|>");
+  const bool normal_slash_s = has("<|tool_response>") || has("<|plamo:eos|>");
   for (size_t i = 0; i < n; ++i) {
-    if (std::find(std::begin(kEndOfTurn), std::end(kEndOfTurn), v.tokens[i]) != std::end(kEndOfTurn)) {
-      v.eog_ids.push_back(int32_t(i));
+    const auto it = wanted.find(v.tokens[i]);
+    if (it == wanted.end()) continue;
+    const bool ends = it->second == kEnds || it->second >= kFirstEndingRole;
+    if (ends && end_is_inner && v.tokens[i] == "<|end|>") {
+      v.token_types[i] = TokenType::user_defined;
+    } else if (ends && normal_slash_s && v.tokens[i] == "</s>") {
+      v.token_types[i] = TokenType::normal;
+    } else {
+      v.token_types[i] = TokenType::control;
+      if (ends) eog.push_back(int32_t(i));
     }
   }
+  v.eog_ids = std::move(eog);
+}
+
+// Phi-3 (llama.cpp keys this on general.name containing "phi-3" or "phi3"): every special token but <unk>, <s>
+// and <|endoftext|> swallows the whitespace after it in text, and so does </s>.
+void mark_right_stripping(const gguf::File& file, Vocab& v) {
+  std::string name(file.get_string_opt("general.name").value_or(""));
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  if (name.find("phi-3") == std::string::npos && name.find("phi3") == std::string::npos) return;
+  for (size_t i = 0; i < v.tokens.size(); ++i) {
+    const std::string& t = v.tokens[i];
+    const TokenType type = v.token_types.empty() ? TokenType::normal : v.token_types[i];
+    const bool special = type == TokenType::control || type == TokenType::user_defined || type == TokenType::unknown;
+    if ((special || t == "</s>") && t != "<unk>" && t != "<s>" && t != "<|endoftext|>") {
+      v.rstrip_ids.push_back(int32_t(i));
+    }
+  }
+}
+
+}  // namespace
+
+Vocab load_vocab(const gguf::File& file) {
+  const FileCheck fail_if{file.name()};
+  Vocab v;
+  read_algorithm(file, fail_if, v);
+  read_tokens(file, fail_if, v);
+  read_special_ids(file, fail_if, v);
+  mark_special_tokens(file, v);
+  mark_right_stripping(file, v);
   v.chat_template = std::string(file.get_string_opt("tokenizer.chat_template").value_or(""));
   return v;
 }

@@ -55,12 +55,12 @@ struct Case {
   std::vector<int32_t> ids;
 };
 
-// NAME.inp holds the strings, each followed by "\n__ggml_vocab_test__\n"; NAME.out one line of ids per string.
-std::vector<Case> read_cases(const std::string& vocab_path) {
-  const std::string inp = read_file(vocab_path + ".inp");
-  const std::string out = read_file(vocab_path + ".out");
-  REQUIRE_MESSAGE(!inp.empty(), "missing or empty ", vocab_path, ".inp");
-  REQUIRE_MESSAGE(!out.empty(), "missing or empty ", vocab_path, ".out");
+// INP holds the strings, each followed by "\n__ggml_vocab_test__\n"; OUT one line of ids per string.
+std::vector<Case> read_cases(const std::string& inp_path, const std::string& out_path) {
+  const std::string inp = read_file(inp_path);
+  const std::string out = read_file(out_path);
+  REQUIRE_MESSAGE(!inp.empty(), "missing or empty ", inp_path);
+  REQUIRE_MESSAGE(!out.empty(), "missing or empty ", out_path);
   std::vector<std::string> texts;
   const std::string sep = "\n__ggml_vocab_test__\n";
   for (size_t pos = 0; pos < inp.size();) {
@@ -76,15 +76,20 @@ std::vector<Case> read_cases(const std::string& vocab_path) {
   std::istringstream lines(out);
   std::string line;
   for (size_t i = 0; std::getline(lines, line); ++i) {
-    REQUIRE_MESSAGE(i < texts.size(), vocab_path, ".out has more lines than .inp has strings");
+    REQUIRE_MESSAGE(i < texts.size(), out_path, " has more lines than ", inp_path, " has strings");
     Case c{texts[i], {}};
     std::istringstream ids(line);
     for (int32_t id; ids >> id;) c.ids.push_back(id);
     cases.push_back(std::move(c));
   }
-  REQUIRE_MESSAGE(cases.size() == texts.size(), vocab_path, ": ", texts.size(), " strings but ", cases.size(),
+  REQUIRE_MESSAGE(cases.size() == texts.size(), inp_path, ": ", texts.size(), " strings but ", cases.size(),
                   " id lines");
   return cases;
+}
+
+// llama.cpp's own files: NAME.inp and NAME.out beside the vocabulary NAME.
+std::vector<Case> read_cases(const std::string& vocab_path) {
+  return read_cases(vocab_path + ".inp", vocab_path + ".out");
 }
 
 Tokenizer load(const std::string& path) {
@@ -99,35 +104,143 @@ std::string show(const std::vector<int32_t>& ids) {
   return s;
 }
 
-void run_vectors(const std::string& name) {
-  const std::string path = kVectors + name;
-  const Tokenizer tok = load(path);
-  const std::vector<Case> cases = read_cases(path);
+// Checks that encode gives llama.cpp's ids for every case: with special, BOS/EOS as the vocabulary asks and
+// special tokens parsed; without, neither (llama.cpp's own test). With check_decode, the ids also decode back to
+// the exact text. For a string that is not valid UTF-8 the two kinds of vocabulary differ: SentencePiece
+// byte-falls back the raw bytes (so it round-trips too), byte-level BPE encodes each invalid byte as U+FFFD (so
+// decoding yields EF BF BD where the bad byte was); only valid strings are decoded for BPE.
+void check_cases(const Tokenizer& tok, const std::vector<Case>& cases, const std::string& label, bool special,
+                 bool check_decode) {
   size_t n_pass = 0, n_round = 0, n_round_checked = 0;
   for (const Case& c : cases) {
-    const std::vector<int32_t> got = tok.encode(c.text, /*add_special=*/false, /*parse_special=*/false);
-    CHECK_MESSAGE(got == c.ids, "text '", c.text, "': got ", show(got), "expected ", show(c.ids));
+    const std::vector<int32_t> got = tok.encode(c.text, special, special);
+    CHECK_MESSAGE(got == c.ids, label, ": text '", c.text, "': got ", show(got), "expected ", show(c.ids));
     n_pass += got == c.ids;
-    // Decoding gives back the exact bytes. For a string that is not valid UTF-8 the two vocabularies
-    // differ: SentencePiece byte-falls back the raw bytes (so it round-trips too), byte-level BPE encodes
-    // each invalid byte as U+FFFD (so decoding yields EF BF BD where the bad byte was); only valid strings
-    // are checked for BPE.
-    if (valid_utf8(c.text) || tok.vocab().model == "llama") {
+    if (check_decode && (valid_utf8(c.text) || tok.vocab().model == "llama")) {
       ++n_round_checked;
       const std::string back = tok.decode(c.ids);
-      CHECK_MESSAGE(back == c.text, "decode of the ids of '", c.text, "' gave '", back, "'");
+      CHECK_MESSAGE(back == c.text, label, ": decode of the ids of '", c.text, "' gave '", back, "'");
       n_round += back == c.text;
     }
   }
-  MESSAGE(name, ": ", n_pass, "/", cases.size(), " vectors encode exactly, ", n_round, "/", n_round_checked,
+  MESSAGE(label, ": ", n_pass, "/", cases.size(), " vectors encode exactly, ", n_round, "/", n_round_checked,
           " decode back");
+}
+
+// llama.cpp's vectors for a vocabulary kept in tests/data/tokenizer.
+void run_vectors(const std::string& name) {
+  const std::string path = kVectors + name;
+  check_cases(load(path), read_cases(path), name, /*special=*/false, /*check_decode=*/true);
+}
+
+// extra.inp (whitespace, digits, emoji, CJK, the chat formats' special tokens) against the ids llama.cpp gave
+// for it (scripts/tokenizer-vectors.sh): NAME.extra.out plain, NAME.extra-special.out with specials.
+void run_extra(const Tokenizer& tok, const std::string& name) {
+  check_cases(tok, read_cases(kVectors + "extra.inp", kVectors + name + ".extra.out"), name + " extra",
+              /*special=*/false, /*check_decode=*/true);
+  check_cases(tok, read_cases(kVectors + "extra.inp", kVectors + name + ".extra-special.out"),
+              name + " extra, specials", /*special=*/true, /*check_decode=*/false);
+}
+
+// Where llama.cpp's source (bench/llama-cpp.sh fetches it) keeps its test vocabularies; empty if absent.
+std::string llama_cpp_models() {
+  std::vector<std::string> dirs;
+  if (const char* src = std::getenv("CASCADE_LLAMA_CPP_SRC")) dirs.push_back(std::string(src) + "/models");
+  std::string cache;
+  if (const char* c = std::getenv("CASCADE_LLAMA_CPP_CACHE")) {
+    cache = c;
+  } else if (const char* x = std::getenv("XDG_CACHE_HOME")) {
+    cache = std::string(x) + "/cascade-llama-cpp";
+  } else if (const char* h = std::getenv("HOME")) {
+    cache = std::string(h) + "/.cache/cascade-llama-cpp";
+  }
+  if (!cache.empty()) dirs.push_back(cache + "/llama_cpp_python-0.3.36/vendor/llama.cpp/models");
+  for (const std::string& d : dirs) {
+    if (std::filesystem::exists(d + "/ggml-vocab-llama-bpe.gguf")) return d;
+  }
+  return {};
 }
 
 }  // namespace
 
-TEST_CASE("tokenizer: gpt-2 byte-level BPE reproduces llama.cpp's vectors") { run_vectors("ggml-vocab-gpt-2.gguf"); }
+TEST_CASE("tokenizer: gpt-2 byte-level BPE reproduces llama.cpp's vectors") {
+  run_vectors("ggml-vocab-gpt-2.gguf");
+  run_extra(load(kVectors + "ggml-vocab-gpt-2.gguf"), "ggml-vocab-gpt-2.gguf");
+}
 
-TEST_CASE("tokenizer: llama SentencePiece BPE reproduces llama.cpp's vectors") { run_vectors("ggml-vocab-llama-spm.gguf"); }
+TEST_CASE("tokenizer: llama SentencePiece BPE reproduces llama.cpp's vectors") {
+  run_vectors("ggml-vocab-llama-spm.gguf");
+  run_extra(load(kVectors + "ggml-vocab-llama-spm.gguf"), "ggml-vocab-llama-spm.gguf");
+}
+
+TEST_CASE("tokenizer: Qwen 2 (pre-tokenizer qwen2) reproduces llama.cpp's vectors") {
+  run_vectors("ggml-vocab-qwen2.gguf");
+  const Tokenizer tok = load(kVectors + "ggml-vocab-qwen2.gguf");
+  run_extra(tok, "ggml-vocab-qwen2.gguf");
+  CHECK(tok.vocab().pre == "qwen2");
+  CHECK_FALSE(tok.vocab().add_bos);
+  // <|endoftext|> (EOS) and <|im_end|> end generation; so does the ordinary token </s> (128247), as in llama.cpp.
+  for (int32_t id : {151643, 151645, 128247}) CHECK_MESSAGE(tok.is_eog(id), id);
+  CHECK_FALSE(tok.is_eog(151644));  // <|im_start|>
+  CHECK(tok.token_type(128247) == TokenType::control);
+  // Digits one by one (Llama 3 takes up to three).
+  CHECK(tok.encode("2024", false, false).size() == 4);
+}
+
+TEST_CASE("tokenizer: Phi-3 (SentencePiece) reproduces llama.cpp's vectors") {
+  run_vectors("ggml-vocab-phi-3.gguf");
+  const Tokenizer tok = load(kVectors + "ggml-vocab-phi-3.gguf");
+  run_extra(tok, "ggml-vocab-phi-3.gguf");
+  CHECK(tok.vocab().add_bos);
+  CHECK(tok.vocab().add_space_prefix);
+  for (int32_t id : {32000, 32007, 2}) CHECK_MESSAGE(tok.is_eog(id), id);  // <|endoftext|>, <|end|>, </s>
+  CHECK_FALSE(tok.is_eog(32001));                                            // <|assistant|>
+  // Its special tokens swallow the whitespace after them (general.name "Phi3"), <|endoftext|> does not.
+  const int32_t user = tok.token_id("<|user|>"), end = tok.token_id("<|end|>"), eot = tok.token_id("<|endoftext|>");
+  CHECK(tok.encode("<|user|>\n \tHi<|end|>\n", false, true) == tok.encode("<|user|>Hi<|end|>", false, true));
+  CHECK(tok.encode("<|user|>\n", false, true) == std::vector<int32_t>{user});
+  CHECK(tok.encode("<|endoftext|> x", false, true).front() == eot);
+  CHECK(tok.encode("<|endoftext|> x", false, true) != tok.encode("<|endoftext|>x", false, true));
+  CHECK(tok.encode("a<|end|>", false, true).back() == end);
+}
+
+TEST_CASE("tokenizer: Llama 3 (pre-tokenizer llama-bpe) reproduces llama.cpp's vectors") {
+  // The vocabulary (7.8 MB) is not kept here: it is read from llama.cpp's source when bench/llama-cpp.sh
+  // has fetched it.
+  const std::string dir = llama_cpp_models();
+  if (dir.empty()) {
+    MESSAGE("ggml-vocab-llama-bpe.gguf (llama.cpp's source: bench/llama-cpp.sh --build-only fetches it) is not "
+            "present: skipped");
+    return;
+  }
+  const std::string path = dir + "/ggml-vocab-llama-bpe.gguf";
+  const Tokenizer tok = load(path);
+  check_cases(tok, read_cases(path), "ggml-vocab-llama-bpe.gguf", /*special=*/false, /*check_decode=*/true);
+  run_extra(tok, "ggml-vocab-llama-bpe.gguf");
+  for (int32_t id : {128001, 128009}) CHECK_MESSAGE(tok.is_eog(id), id);  // <|end_of_text|>, <|eot_id|>
+}
+
+TEST_CASE("tokenizer: Gemma 3 (SentencePiece, no space prefix) reproduces llama.cpp") {
+  const std::string model = CASCADE_SOURCE_DIR "/models/gemma-3-270m-q4_k_m.gguf";
+  if (!std::filesystem::exists(model)) {
+    MESSAGE(model, " (scripts/setup.sh --models fetches it) is not present: skipped");
+    return;
+  }
+  const Tokenizer tok = load(model);
+  const std::string name = "gemma-3-270m-q4_k_m.gguf";
+  check_cases(tok, read_cases(kVectors + name), name, /*special=*/false, /*check_decode=*/true);
+  run_extra(tok, name);
+  CHECK(tok.n_vocab() == 262144);
+  CHECK(tok.vocab().model == "llama");
+  CHECK_FALSE(tok.vocab().add_space_prefix);
+  CHECK(tok.vocab().add_bos);
+  CHECK(tok.vocab().bos_id == 2);
+  for (int32_t id : {1, 106}) CHECK_MESSAGE(tok.is_eog(id), id);  // <eos>, <end_of_turn>
+  CHECK_FALSE(tok.is_eog(105));                                   // <start_of_turn>
+  // Byte fallback: a character that is no token becomes its UTF-8 bytes, and decodes back.
+  const std::string rare = "\xF0\x9F\xA7\xAC";  // U+1F9EC
+  CHECK(tok.decode(tok.encode(rare, false, false)) == rare);
+}
 
 // --- the real SmolLM2 vocabulary (byte-level BPE, pre-tokenizer "smollm": every digit on its own) -------
 //
@@ -346,6 +459,17 @@ TEST_CASE("tokenizer: llama-bpe pre-tokenizer splits like the Llama 3 regex") {
   CHECK(words_of(tok, " !!") == W{"Ġ!!"});
 }
 
+TEST_CASE("tokenizer: qwen2 pre-tokenizer splits like the Qwen 2 regex") {
+  // As Llama 3's, but every digit is a word of its own (Qwen's vocabulary has no token of two digits, so its
+  // vectors cannot tell the two apart).
+  const Tokenizer tok(byte_level_vocab("qwen2", {"123", "45", "Hello", "Ġworld", "'VE", "ĊĊ"}));
+  using W = std::vector<std::string>;
+  CHECK(words_of(tok, "12345") == W{"1", "2", "3", "4", "5"});
+  CHECK(words_of(tok, "Hello world") == W{"Hello", "Ġworld"});
+  CHECK(words_of(tok, "I'VE") == W{"I", "'VE"});
+  CHECK(words_of(tok, "a\n\nb") == W{"a", "ĊĊ", "b"});
+}
+
 TEST_CASE("tokenizer: gpt-2 and smollm pre-tokenizers on a synthetic vocabulary") {
   using W = std::vector<std::string>;
   const std::vector<std::string> words = {"Ġ123", "123", "ĠHello", "'re", "ĠĠ", "Ġ!!", "Ġ'", "re"};
@@ -507,8 +631,8 @@ TEST_CASE("tokenizer: vocabulary validation") {
     }
     {
       auto w = base();
-      w.set_string("tokenizer.ggml.pre", "qwen2");
-      CHECK(error_of(w).find("qwen2") != std::string::npos);
+      w.set_string("tokenizer.ggml.pre", "qwen35");
+      CHECK(error_of(w).find("qwen35") != std::string::npos);
     }
     {
       auto w = base();
@@ -520,6 +644,14 @@ TEST_CASE("tokenizer: vocabulary validation") {
       auto w = base();
       w.set_bool("tokenizer.ggml.add_bos_token", true);
       CHECK(error_of(w).find("add_bos_token") != std::string::npos);
+    }
+    // Settings that would change the ids and are not implemented: refused when on, accepted when off.
+    for (const char* key : {"tokenizer.ggml.add_sep_token", "tokenizer.ggml.remove_extra_whitespaces"}) {
+      auto on = base(), off = base();
+      on.set_bool(key, true);
+      off.set_bool(key, false);
+      CHECK_MESSAGE(error_of(on).find(key) != std::string::npos, key);
+      CHECK_MESSAGE(error_of(off).empty(), key);
     }
     {
       cascade::gguf::Writer w;

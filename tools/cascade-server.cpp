@@ -4,7 +4,7 @@
 //
 //   cascade-server [-m MODEL.gguf] [--host H] [--port P] [-np N] [-c N] [-t N] [-b N] [--queue N]
 //                  [--attn auto|cascade|split|unified] [--kv-budget MIB] [--kv-type f16|bf16|f32] [--api-key KEY]
-//                  [--chat-template chatml|llama3|FILE] [--alias NAME] [--http-threads N] [--max-body BYTES]
+//                  [--chat-template NAME|FILE] [--alias NAME] [--http-threads N] [--max-body BYTES]
 //                  [--read-timeout S] [--request-timeout S] [--idle-timeout S] [--shutdown-timeout S]
 //
 // stderr: one line when listening (`cascade-server: listening on http://HOST:PORT ...`), one when stopping.
@@ -67,7 +67,8 @@ constexpr const char* kUsage =
     "  --kv-type TYPE          K/V storage: f16 (default), bf16 (multiplied on bf16 dot products where the\n"
     "                          CPU runs them faster than f32 FMAs) or f32\n"
     "  --api-key KEY           require `Authorization: Bearer KEY` (all endpoints but /health)\n"
-    "  --chat-template NAME    chatml, llama3, or a file holding a template to recognize (default: the model's)\n"
+    "  --chat-template NAME    chatml, llama3, phi3, gemma, mistral, or a file holding a template to recognize\n"
+    "                          (default: the model's)\n"
     "  --alias NAME            the model's name in the API (default: the file's name without .gguf)\n"
     "  --http-threads N        connections served at once (default -np + --queue + 8, at least 16); 64 more\n"
     "                          wait for a thread, the rest in the kernel's listen queue\n"
@@ -165,27 +166,24 @@ std::optional<Options> parse_args(int argc, char** argv) {
 // The chat template's text: --chat-template's (a name or a file), else the model's; empty when neither is
 // one the chat formatter knows (chat requests then get a 400 naming the flag).
 std::string chat_template(const Options& o, const cascade::Tokenizer& tok) {
-  std::string t;
-  if (o.chat_template == "chatml") {
-    t = "<|im_start|>";
-  } else if (o.chat_template == "llama3") {
-    t = "<|start_header_id|>";
-  } else if (!o.chat_template.empty()) {
+  std::string t = cascade::builtin_chat_template(o.chat_template);
+  if (!t.empty()) return t;
+  if (!o.chat_template.empty()) {
     std::ifstream in(o.chat_template, std::ios::binary);
-    CASCADE_CHECK(in.good(), "--chat-template: '", o.chat_template, "' is neither chatml, llama3 nor a readable file");
+    CASCADE_CHECK(in.good(), "--chat-template: '", o.chat_template,
+                  "' is neither a format name (chatml, llama3, phi3, gemma, mistral) nor a readable file");
     std::stringstream ss;
     ss << in.rdbuf();
     t = ss.str();
     cascade::detect_chat_format(t);  // an unknown template is an error here, not at the first chat request
     return t;
-  } else {
-    t = tok.vocab().chat_template;
   }
+  t = tok.vocab().chat_template;
   try {
     if (!t.empty()) cascade::detect_chat_format(t);
   } catch (const cascade::Error&) {
     std::fprintf(stderr, "cascade-server: the model's chat template is not one this server knows; "
-                         "/v1/chat/completions needs --chat-template chatml or llama3\n");
+                         "/v1/chat/completions needs --chat-template chatml, llama3, phi3, gemma or mistral\n");
     return {};
   }
   return t;
