@@ -266,6 +266,7 @@ bool Server::accept_loop(BoundedPool& pool) {
     ::setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     pool.enqueue([this, sock, &pool] { serve(sock, pool); });
   }
+  stop();  // (when the listener failed) idle connections end too
   pool.shutdown();
   close_listener();
   return ok;
