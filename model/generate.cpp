@@ -105,11 +105,10 @@ class Generation {
   const std::function<void(int, int32_t)>& on_token_;
   GenerateResult& res_;
   const int n_seq_;
-  std::unique_ptr<TreeCache> prompt_cache_;  // the prompts' tree, until the sequences start
-  std::unique_ptr<KvCache> cache_;           // the decode steps' cache
-  std::vector<float> prompt_logits_;         // (n_prompts, n_vocab): each prompt's last row
+  std::unique_ptr<KvMethod> kv_;       // the prompts' tree, then the sequences as the method lays them out
+  std::vector<float> prompt_logits_;  // (n_prompts, n_vocab): each prompt's last row
   std::vector<Sampler> samplers_;
-  std::vector<int> seq_id_;        // the decode cache's id of each sequence (a segment, or s when unified)
+  std::vector<int> seq_id_;        // each sequence's id in kv_ (KvMethod::start)
   std::vector<int64_t> next_pos_;  // position of each sequence's last sampled token
   std::vector<char> active_;
 };
@@ -119,15 +118,16 @@ class Generation {
 // causally itself. Keeps the last row's logits of every prompt.
 void Generation::prefill(const std::function<void(int64_t, int64_t)>& on_prefill) {
   const PromptTree& tree = res_.tree;
-  prompt_cache_ = make_prefill_cache(params_.attn, int(hp_.n_layer), hp_.head_shape(), params_.kv_dtype);
-  if (params_.cost_model) prompt_cache_->set_cost_model(*params_.cost_model);
+  kv_ = KvMethod::make(params_.attn, int(hp_.n_layer), hp_.head_shape(), params_.kv_dtype, n_seq_,
+                       params_.cost_model);
+  TreeCache& prompt_cache = kv_->tree();
   struct Row {
     int node;
     int64_t i;  // index in the node
   };
   std::vector<Row> all_rows;
   for (size_t i = 0; i < tree.nodes.size(); ++i) {
-    const int seg = prompt_cache_->add_segment(tree.nodes[i].parent, tree.nodes[i].start);
+    const int seg = prompt_cache.add_segment(tree.nodes[i].parent, tree.nodes[i].start);
     CASCADE_CHECK(seg == int(i), "internal: segment ids follow node ids");
     for (size_t t = 0; t < tree.nodes[i].tokens.size(); ++t) all_rows.push_back({int(i), int64_t(t)});
   }
@@ -154,11 +154,12 @@ void Generation::prefill(const std::function<void(int64_t, int64_t)>& on_prefill
         logit_nodes.push_back(all_rows[r].node);
       }
     }
-    prompt_cache_->begin_step(entries);
-    model_.forward(tokens, pos, *prompt_cache_, logit_rows, logits, &tm);
+    kv_->begin_steps({}, entries);
+    model_.forward(tokens, pos, *kv_, logit_rows, logits, &tm);
     for (size_t j = 0; j < logit_rows.size(); ++j)
       for (int p : node_prompts[size_t(logit_nodes[j])])
-        std::copy_n(logits.data() + j * size_t(hp_.n_vocab), hp_.n_vocab, prompt_logits_.data() + p * size_t(hp_.n_vocab));
+        std::copy_n(logits.data() + j * size_t(hp_.n_vocab), hp_.n_vocab,
+                    prompt_logits_.data() + p * size_t(hp_.n_vocab));
     if (on_prefill) on_prefill(int64_t(r1), int64_t(all_rows.size()));
   }
   res_.prompt_attn_ms = tm.attention * 1e3;
@@ -178,7 +179,7 @@ void Generation::start_sequences() {
     next_pos_[size_t(s)] = int64_t(prompts_[size_t(p)].size());
     prompt_leaf[size_t(s)] = res_.tree.prompt_node[size_t(p)];
   }
-  cache_ = cascade::start_sequences(params_.attn, std::move(prompt_cache_), prompt_leaf, seq_id_);
+  seq_id_ = kv_->start_after_prompts(prompt_leaf);
   for (int s = 0; s < n_seq_; ++s) {
     if (params_.n_predict == 0) {
       res_.sequences[size_t(s)].stop = "length";
@@ -227,16 +228,16 @@ bool Generation::decode_step(int step, const std::function<void(int, const StepS
   }
   if (row_seq.empty()) return false;
   const auto t_plan = Clock::now();
-  cache_->begin_step(entries);
+  kv_->begin_step(entries);
   const double plan_ms = ms_since(t_plan);
   std::vector<int64_t> logit_rows(row_seq.size());
   std::iota(logit_rows.begin(), logit_rows.end(), 0);
   std::vector<float> logits;
   llama::Timings tm;
-  model_.forward(tokens, pos, *cache_, logit_rows, logits, &tm);
-  // Each sequence draws from its own sampler and random stream, so the draws run side by side (a draw over
-  // SmolLM2's 49,152 logits at a temperature is ~0.5 ms, 4 ms a step for 8 sequences on one thread); what
-  // follows from them (stops, callbacks) stays in sequence order.
+  model_.forward(tokens, pos, *kv_, logit_rows, logits, &tm);
+  // Each sequence draws from its own sampler and random stream, so the draws run side by side (what a draw
+  // at a temperature costs beside a small model's step: docs/study.md §19); what follows from them (stops,
+  // callbacks) stays in sequence order.
   std::vector<int32_t> drawn(row_seq.size());
   tbb::parallel_for(size_t(0), row_seq.size(), [&](size_t r) {
     drawn[r] = samplers_[size_t(row_seq[r])].sample(logits.data() + int64_t(r) * hp_.n_vocab, hp_.n_vocab);
@@ -246,7 +247,7 @@ bool Generation::decode_step(int step, const std::function<void(int, const StepS
     ++next_pos_[size_t(s)];
     accept(s, drawn[r]);
   }
-  const StepStat stat{ms_since(t_step), tm.attention * 1e3, plan_ms, int(row_seq.size()), cache_->kv_bytes()};
+  const StepStat stat{ms_since(t_step), tm.attention * 1e3, plan_ms, int(row_seq.size()), kv_->kv_bytes()};
   res_.n_decode_tokens += stat.n_active;
   res_.steps.push_back(stat);
   if (on_step) on_step(step, stat);
@@ -254,8 +255,8 @@ bool Generation::decode_step(int step, const std::function<void(int, const StepS
 }
 
 void Generation::finish() {
-  res_.kv_tokens = cache_->stored_tokens();
-  res_.kv_bytes = cache_->kv_bytes();
+  res_.kv_tokens = kv_->stored_tokens();
+  res_.kv_bytes = kv_->kv_bytes();
   if (params_.attn == AttnMethod::auto_) res_.cost_model = params_.cost_model;
 }
 

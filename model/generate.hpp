@@ -6,7 +6,7 @@
 //      forward passes of at most n_batch rows: each node (or piece of one) is one entry of the step's tree, its
 //      rows attending its ancestors and causally itself.
 //   2. Sequence start. Every prompt gets n_parallel sequences, laid out as the method says (kv_cache.hpp's
-//      start_sequences); sequence s = prompt * n_parallel + j samples with its own random stream s
+//      KvMethod); sequence s = prompt * n_parallel + j samples with its own random stream s
 //      (sampler.hpp), its first token from the prompt's last logits.
 //   3. Decode steps (generate.cpp's decode_step) feed every active sequence's last token at once: the step's
 //      attention is planned once, run in every layer, and each sequence samples its next token. A sequence

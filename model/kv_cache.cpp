@@ -221,7 +221,8 @@ void TreeCache::copy_path(int dst, int leaf) {
   check_seg(dst);
   CASCADE_CHECK(n_tokens(dst) == 0 && segs_[size_t(dst)].parent < 0, "KV cache: copy_path needs an empty root segment");
   for (int g : path(leaf))
-    for (int il = 0; il < n_layer_; ++il) append_raw(segs_[size_t(dst)].layers[size_t(il)], segs_[size_t(g)].layers[size_t(il)]);
+    for (int il = 0; il < n_layer_; ++il)
+      append_raw(segs_[size_t(dst)].layers[size_t(il)], segs_[size_t(g)].layers[size_t(il)]);
   in_step_ = false;
 }
 
@@ -234,6 +235,22 @@ void TreeCache::release(int seg) {
   s = Segment{};
   free_ids_.push_back(seg);
   in_step_ = false;
+}
+
+void TreeCache::release_paths(const std::vector<int>& leaves) {
+  std::vector<int> segs;  // every segment on a path, once
+  for (int leaf : leaves)
+    for (int g : path(leaf))
+      if (std::find(segs.begin(), segs.end(), g) == segs.end()) segs.push_back(g);
+  while (!segs.empty()) {
+    const size_t before = segs.size();
+    std::erase_if(segs, [&](int g) {
+      if (n_children(g) > 0) return false;
+      release(g);
+      return true;
+    });
+    CASCADE_CHECK(segs.size() < before, "KV cache: segment ", segs.front(), " on a released path has a child off it");
+  }
 }
 
 void TreeCache::reserve(int seg, int64_t n_tokens) {
@@ -279,7 +296,8 @@ Tree TreeCache::step_tree(const std::vector<Entry>& entries) {
     for (int g = e.id; segs_[size_t(g)].parent >= 0; g = segs_[size_t(g)].parent) {
       const int p = segs_[size_t(g)].parent;
       CASCADE_CHECK(segs_[size_t(p)].start + len[size_t(compact_[size_t(p)])] == segs_[size_t(g)].start,
-                    "KV cache: segment ", p, " ends at position ", segs_[size_t(p)].start + len[size_t(compact_[size_t(p)])],
+                    "KV cache: segment ", p, " ends at position ",
+                    segs_[size_t(p)].start + len[size_t(compact_[size_t(p)])],
                     " but its child ", g, " starts at ", segs_[size_t(g)].start);
     }
   return Tree::build(shape_, std::move(len), paths, n_query);
@@ -337,67 +355,50 @@ size_t TreeCache::allocated_bytes() const {
 
 // --- UnifiedCache ---
 
-UnifiedCache::UnifiedCache(TreeCache&& tree, const std::vector<int>& seq_leaf)
-    : KvCache(tree.n_layer(), tree.shape(), tree.dtype()), n_seq_(int(seq_leaf.size())) {
-  n_words_ = std::max<int64_t>(1, (n_seq_ + 63) / 64);
-  live_.assign(size_t(n_seq_), 1);
-  // The sequences that see each segment, segments in order of first sight.
-  std::vector<int> order;
-  std::vector<std::vector<int>> seqs_of;
-  std::vector<int> index_of;
-  for (int s = 0; s < n_seq_; ++s)
-    for (int g : tree.path(seq_leaf[size_t(s)])) {
-      if (size_t(g) >= index_of.size()) index_of.resize(size_t(g) + 1, -1);
-      if (index_of[size_t(g)] < 0) {
-        index_of[size_t(g)] = int(order.size());
-        order.push_back(g);
-        seqs_of.emplace_back();
-      }
-      seqs_of[size_t(index_of[size_t(g)])].push_back(s);
-    }
-  std::sort(order.begin(), order.end());  // segment order, as the tree stores them
-  buf_.assign(size_t(n_layer_), KvBuffer{});
-  for (int g : order) {
-    const int64_t n = tree.n_tokens(g);
-    for (int il = 0; il < n_layer_; ++il) append_view(buf_[size_t(il)], tree.view(g, il));
-    for (int64_t t = 0; t < n; ++t) {
-      key_pos_.push_back(int32_t(tree.start(g) + t));
-      const size_t w0 = key_seqs_.size();
-      key_seqs_.resize(w0 + size_t(n_words_), 0);
-      for (int s : seqs_of[size_t(index_of[size_t(g)])]) key_seqs_[w0 + size_t(s / 64)] |= uint64_t(1) << (s % 64);
-    }
-  }
-}
-
 UnifiedCache::UnifiedCache(int n_layer, const HeadShape& shape, DType dtype, int max_sequences)
     : KvCache(n_layer, shape, dtype), n_seq_(max_sequences) {
-  CASCADE_CHECK(max_sequences > 0 && max_sequences <= 64 * 1024, "KV cache: a unified buffer holds 1 to 65536 sequences (got ",
-                max_sequences, ")");
+  CASCADE_CHECK(max_sequences > 0 && max_sequences <= 64 * 1024,
+                "KV cache: a unified buffer holds 1 to 65536 sequences (got ", max_sequences, ")");
   n_words_ = (n_seq_ + 63) / 64;
   live_.assign(size_t(n_seq_), 0);
   for (int s = n_seq_ - 1; s >= 0; --s) free_ids_.push_back(s);
   buf_.assign(size_t(n_layer_), KvBuffer{});
 }
 
-std::vector<int> UnifiedCache::add_sequences(const TreeCache& tree, int leaf, int n) {
-  CASCADE_CHECK(n > 0 && size_t(n) <= free_ids_.size(), "KV cache: ", n, " new sequences, but ", free_ids_.size(),
-                " of ", n_seq_, " ids are free");
+std::vector<int> UnifiedCache::add_sequences(const TreeCache& tree, const std::vector<int>& seq_leaf) {
+  const size_t n = seq_leaf.size();
+  CASCADE_CHECK(n > 0 && n <= free_ids_.size(), "KV cache: ", n, " new sequences, but ", free_ids_.size(), " of ",
+                n_seq_, " ids are free");
   CASCADE_CHECK(tree.n_layer() == n_layer_ && tree.dtype() == dtype_ &&
                     tree.shape().n_kv_heads == shape_.n_kv_heads && tree.shape().head_dim == shape_.head_dim,
                 "KV cache: the tree's layout differs from the unified buffer's");
-  std::vector<int> ids(static_cast<size_t>(n));
+  // The sequences (by index in seq_leaf) that see each segment, segments in order of first sight.
+  std::vector<int> order, index_of;
+  std::vector<std::vector<size_t>> seqs_of;
+  for (size_t i = 0; i < n; ++i)
+    for (int g : tree.path(seq_leaf[i])) {
+      if (size_t(g) >= index_of.size()) index_of.resize(size_t(g) + 1, -1);
+      if (index_of[size_t(g)] < 0) {
+        index_of[size_t(g)] = int(order.size());
+        order.push_back(g);
+        seqs_of.emplace_back();
+      }
+      seqs_of[size_t(index_of[size_t(g)])].push_back(i);
+    }
+  std::vector<int> ids(n);
   for (int& id : ids) {
     id = free_ids_.back();
     free_ids_.pop_back();
     live_[size_t(id)] = 1;
   }
-  for (int g : tree.path(leaf)) {
+  for (size_t j = 0; j < order.size(); ++j) {
+    const int g = order[j];
     for (int il = 0; il < n_layer_; ++il) append_view(buf_[size_t(il)], tree.view(g, il));
     for (int64_t t = 0; t < tree.n_tokens(g); ++t) {
       key_pos_.push_back(int32_t(tree.start(g) + t));
       const size_t w0 = key_seqs_.size();
       key_seqs_.resize(w0 + size_t(n_words_), 0);
-      for (int id : ids) key_seqs_[w0 + size_t(id / 64)] |= uint64_t(1) << (id % 64);
+      for (size_t i : seqs_of[j]) key_seqs_[w0 + size_t(ids[i] / 64)] |= uint64_t(1) << (ids[i] % 64);
     }
   }
   return ids;
@@ -535,16 +536,169 @@ void JoinedCache::attend(int il, const float* q, float* o) {
 
 // --- the methods ---
 
-double peak_kv_tokens(AttnMethod m, int64_t tree_tokens, int64_t prompt_tokens, int n_parallel, double gen_tokens) {
+KvMethod::KvMethod(AttnMethod m, std::unique_ptr<TreeCache> tree)
+    : KvCache(tree->n_layer(), tree->shape(), tree->dtype()), method_(m), tree_(std::move(tree)), step_(tree_.get()) {}
+
+std::vector<int> KvMethod::start_after_prompts(const std::vector<int>& seq_leaf) {
+  std::vector<int> ids = start(seq_leaf, {});
+  if (!reads_tree()) tree_->release_paths(seq_leaf);
+  return ids;
+}
+
+namespace {
+
+// Methods whose sequences are segments of the tree.
+class TreeSequences : public KvMethod {
+ public:
+  TreeSequences(AttnMethod m, std::unique_ptr<TreeCache> tree) : KvMethod(m, std::move(tree)) {}
+
+  void end(int seq) override { tree_->release(seq); }
+
+  void check_sequences(const std::vector<int>& running, std::vector<int>& segments) const override {
+    for (int id : running) {
+      CASCADE_CHECK(tree_->live(id), "KV cache: running sequence ", id, " is not a live segment");
+      segments.push_back(id);
+    }
+  }
+
+  void begin_steps(const std::vector<Entry>& seqs, const std::vector<Entry>& prefill) override {
+    if (prefill.empty()) {
+      tree_->begin_step(seqs);
+    } else if (seqs.empty()) {
+      tree_->begin_step(prefill);
+    } else {
+      std::vector<Entry> all = seqs;
+      all.insert(all.end(), prefill.begin(), prefill.end());
+      tree_->begin_step(all);
+    }
+    step_rows_ = tree_->step_rows();
+  }
+};
+
+// cascade, auto: a sequence is a segment below its prompt's last one, or that segment itself when it is the
+// caller's own and the sequence is alone (its tokens follow the prompt's there).
+class CascadeMethod final : public TreeSequences {
+ public:
+  using TreeSequences::TreeSequences;
+  static int64_t copies(int64_t, int64_t) { return 0; }
+  bool reads_tree() const override { return true; }
+
+  std::vector<int> start(const std::vector<int>& seq_leaf, const StartOptions& opt) override {
+    if (opt.own_leaf && seq_leaf.size() == 1) {
+      const int leaf = seq_leaf[0];
+      if (opt.n_reserve >= 0) tree_->reserve(leaf, tree_->n_tokens(leaf) + opt.n_reserve);
+      borrowed_.push_back(leaf);
+      return {leaf};
+    }
+    std::vector<int> ids;
+    for (int leaf : seq_leaf) {
+      ids.push_back(tree_->add_segment(leaf));
+      if (opt.n_reserve >= 0) tree_->reserve(ids.back(), opt.n_reserve);
+    }
+    return ids;
+  }
+
+  void end(int seq) override {
+    const auto it = std::find(borrowed_.begin(), borrowed_.end(), seq);
+    if (it == borrowed_.end()) return tree_->release(seq);
+    borrowed_.erase(it);  // the caller's leaf: the caller releases it
+  }
+
+ private:
+  std::vector<int> borrowed_;  // leaves that sequences continue in
+};
+
+// split: a sequence is a root segment holding a copy of its whole prompt.
+class SplitMethod final : public TreeSequences {
+ public:
+  using TreeSequences::TreeSequences;
+  static int64_t copies(int64_t, int64_t seq_prompt_tokens) { return seq_prompt_tokens; }
+  bool reads_tree() const override { return false; }
+
+  std::vector<int> start(const std::vector<int>& seq_leaf, const StartOptions& opt) override {
+    std::vector<int> ids;
+    for (int leaf : seq_leaf) {
+      const int id = tree_->add_segment(-1);
+      if (opt.n_reserve >= 0) tree_->reserve(id, tree_->start(leaf) + tree_->n_tokens(leaf) + opt.n_reserve);
+      tree_->copy_path(id, leaf);
+      ids.push_back(id);
+    }
+    return ids;
+  }
+};
+
+// unified: a sequence is an id in a buffer beside the tree; the sequences starting together copy each prompt
+// segment into it once. A step's sequence rows attend the buffer, its prefill rows the tree.
+class UnifiedMethod final : public KvMethod {
+ public:
+  UnifiedMethod(AttnMethod m, std::unique_ptr<TreeCache> tree, int max_sequences)
+      : KvMethod(m, std::move(tree)),
+        buffer_(n_layer_, shape_, dtype_, max_sequences),
+        joined_(buffer_, *tree_) {
+    step_ = &joined_;
+  }
+  static int64_t copies(int64_t path_tokens, int64_t) { return path_tokens; }
+  bool reads_tree() const override { return false; }
+
+  std::vector<int> start(const std::vector<int>& seq_leaf, const StartOptions&) override {
+    return buffer_.add_sequences(*tree_, seq_leaf);
+  }
+  void end(int seq) override { buffer_.remove_sequence(seq); }
+
+  void check_sequences(const std::vector<int>& running, std::vector<int>&) const override {
+    int n_live = 0;
+    for (int s = 0; s < buffer_.n_sequences(); ++s) n_live += buffer_.live(s);
+    for (int id : running) CASCADE_CHECK(buffer_.live(id), "KV cache: running sequence ", id, " is not in the buffer");
+    CASCADE_CHECK(n_live == int(running.size()), "KV cache: ", n_live, " sequences in the unified buffer, ",
+                  running.size(), " running");
+  }
+
+  void begin_steps(const std::vector<Entry>& seqs, const std::vector<Entry>& prefill) override {
+    joined_.begin_steps(seqs, prefill);
+    step_rows_ = joined_.step_rows();
+  }
+  int64_t stored_tokens() const override { return joined_.stored_tokens(); }
+  size_t allocated_bytes() const override { return joined_.allocated_bytes(); }
+
+ private:
+  UnifiedCache buffer_;
+  JoinedCache joined_;  // the buffer's rows, then the tree's
+};
+
+}  // namespace
+
+std::unique_ptr<KvMethod> KvMethod::make(AttnMethod m, std::unique_ptr<TreeCache> tree, int max_sequences) {
+  CASCADE_CHECK(tree, "KV cache: no tree");
   switch (m) {
     case AttnMethod::cascade:
-    case AttnMethod::auto_: return double(tree_tokens) + gen_tokens;
-    // The copies exist beside the tree until it is released.
-    case AttnMethod::split: return double(tree_tokens) + double(n_parallel) * double(prompt_tokens) + gen_tokens;
-    // The buffer is filled from the tree before the tree goes.
-    case AttnMethod::unified: return 2.0 * double(tree_tokens) + gen_tokens;
+    case AttnMethod::auto_: return std::make_unique<CascadeMethod>(m, std::move(tree));
+    case AttnMethod::split: return std::make_unique<SplitMethod>(m, std::move(tree));
+    case AttnMethod::unified: return std::make_unique<UnifiedMethod>(m, std::move(tree), max_sequences);
   }
-  return 0;
+  detail::fail("KV cache: unknown attention method");
+}
+
+std::unique_ptr<KvMethod> KvMethod::make(AttnMethod m, int n_layer, const HeadShape& shape, DType dtype,
+                                         int max_sequences, const std::optional<CostModel>& cost_model) {
+  std::unique_ptr<TreeCache> tree = make_prefill_cache(m, n_layer, shape, dtype);
+  if (cost_model) tree->set_cost_model(*cost_model);
+  return make(m, std::move(tree), max_sequences);
+}
+
+int64_t KvMethod::copied_tokens(AttnMethod m, int64_t path_tokens, int64_t seq_prompt_tokens) {
+  switch (m) {
+    case AttnMethod::cascade:
+    case AttnMethod::auto_: return CascadeMethod::copies(path_tokens, seq_prompt_tokens);
+    case AttnMethod::split: return SplitMethod::copies(path_tokens, seq_prompt_tokens);
+    case AttnMethod::unified: return UnifiedMethod::copies(path_tokens, seq_prompt_tokens);
+  }
+  detail::fail("KV cache: unknown attention method");
+}
+
+// The copies exist beside the tree until its prompts are released.
+double peak_kv_tokens(AttnMethod m, int64_t tree_tokens, int64_t prompt_tokens, int n_parallel, double gen_tokens) {
+  return double(tree_tokens) + double(KvMethod::copied_tokens(m, tree_tokens, n_parallel * prompt_tokens)) +
+         gen_tokens;
 }
 
 std::unique_ptr<TreeCache> make_prefill_cache(AttnMethod m, int n_layer, const HeadShape& shape, DType dtype) {
@@ -553,39 +707,9 @@ std::unique_ptr<TreeCache> make_prefill_cache(AttnMethod m, int n_layer, const H
 
 std::unique_ptr<KvCache> start_sequences(AttnMethod m, std::unique_ptr<TreeCache> prefilled,
                                          const std::vector<int>& seq_leaf, std::vector<int>& seq_id) {
-  TreeCache& tree = *prefilled;
-  seq_id.resize(seq_leaf.size());
-  switch (m) {
-    case AttnMethod::cascade:
-    case AttnMethod::auto_:
-      for (size_t s = 0; s < seq_leaf.size(); ++s) seq_id[s] = tree.add_segment(seq_leaf[s]);
-      return prefilled;
-    case AttnMethod::split: {
-      std::vector<int> prompt_segs;  // every segment on a prompt's path
-      for (int leaf : seq_leaf)
-        for (int g = leaf; g >= 0; g = tree.parent(g))
-          if (std::find(prompt_segs.begin(), prompt_segs.end(), g) == prompt_segs.end()) prompt_segs.push_back(g);
-      for (size_t s = 0; s < seq_leaf.size(); ++s) {
-        seq_id[s] = tree.add_segment(-1);
-        tree.copy_path(seq_id[s], seq_leaf[s]);
-      }
-      // The prompts' segments go once copied, each after its children.
-      while (!prompt_segs.empty()) {
-        const size_t before = prompt_segs.size();
-        std::erase_if(prompt_segs, [&](int g) {
-          if (tree.n_children(g) > 0) return false;
-          tree.release(g);
-          return true;
-        });
-        CASCADE_CHECK(prompt_segs.size() < before, "start_sequences: a prompt's segment has a child no prompt ends in");
-      }
-      return prefilled;
-    }
-    case AttnMethod::unified:
-      for (size_t s = 0; s < seq_leaf.size(); ++s) seq_id[s] = int(s);
-      return std::make_unique<UnifiedCache>(std::move(tree), seq_leaf);
-  }
-  detail::fail("start_sequences: unknown method");
+  std::unique_ptr<KvMethod> method = KvMethod::make(m, std::move(prefilled), std::max<int>(1, int(seq_leaf.size())));
+  seq_id = method->start_after_prompts(seq_leaf);
+  return method;
 }
 
 }  // namespace cascade

@@ -9,18 +9,20 @@
 //                 and its position; each step appends the new tokens and every query row scores every key
 //                 under a mask (cpu::run_unified, llama.cpp's default).
 //
-// What each --attn method means lives in one place, below (make_prefill_cache, start_sequences, peak_kv_tokens):
-//   cascade  a TreeCache; each sequence's own segment is a child of its prompt's last segment;
+// What each --attn method means lives in one place, below: one KvMethod per method, which generate() and the
+// server's engine both run on (prompts prefilled into a tree, then sequences started, decoded and ended):
+//   cascade  a sequence is a segment below its prompt's last one, so shared spans are attended once per step;
 //   auto     the same, and each step's plan regroups spans where a shared pass does not pay (auto.hpp);
-//   split    a TreeCache; each sequence's own segment is a root holding a copy of its whole prompt, attended
-//            alone (llama.cpp's per-sequence KV streams);
-//   unified  a UnifiedCache built from the prefilled tree.
+//   split    a sequence is a root segment holding a copy of its whole prompt, attended alone (llama.cpp's
+//            per-sequence KV streams);
+//   unified  a sequence is an id in a UnifiedCache beside the tree, which holds its prompt's K/V once for the
+//            sequences that start from it.
 //
 // Storage: K and V of a segment (or of the unified buffer) are dense (n_tokens, n_kv_heads, head_dim)
 // buffers per layer, grown by amortized reallocation (views are made per layer per step, so moving a buffer
-// is harmless) or reserved at their final length where it is known (TreeCache::reserve). The element type is chosen per cache: f16 by default (llama.cpp's default cache type, so the
-// comparison with it is like for like, and attention reads half the bytes of f32), f32 where a test wants
-// the forward pass exact to f32 rounding.
+// is harmless) or reserved at their final length where it is known (TreeCache::reserve). The element type is
+// chosen per cache: f16 by default (llama.cpp's default cache type, so the comparison with it is like for like,
+// and attention reads half the bytes of f32), f32 where a test wants the forward pass exact to f32 rounding.
 //
 // A step: begin_step() names, in row order, whose (a segment's, or a unified sequence's) each group of the
 // step's rows is, and plans the step's attention once; then for every layer store() appends their K/V and
@@ -116,6 +118,9 @@ class TreeCache final : public KvCache {
   void copy_path(int dst, int leaf);
   // Frees a segment without children; its id may be handed out again by add_segment.
   void release(int seg);
+  // Frees every segment on the leaves' paths, each after its children. Error when one of them has a child off
+  // those paths.
+  void release_paths(const std::vector<int>& leaves);
   // Makes room in every layer of seg for n_tokens tokens in all, so that appends up to that length do not
   // reallocate (and a segment whose final length is known holds no more than that).
   void reserve(int seg, int64_t n_tokens);
@@ -170,18 +175,16 @@ class TreeCache final : public KvCache {
 
 class UnifiedCache final : public KvCache {
  public:
-  // Moves every token of `tree` that sequence s (s < seq_leaf.size()) sees on seq_leaf[s]'s path into one
-  // buffer per layer, each segment once. The tree is consumed.
-  UnifiedCache(TreeCache&& tree, const std::vector<int>& seq_leaf);
   // An empty buffer for at most max_sequences sequences at once, which come and go (add_sequences,
   // remove_sequence): a server's unified K/V, as llama.cpp keeps its slots in one buffer.
   UnifiedCache(int n_layer, const HeadShape& shape, DType dtype, int max_sequences);
 
   int n_sequences() const { return n_seq_; }  // ids are in [0, n_sequences())
   bool live(int seq) const { return seq >= 0 && seq < n_seq_ && live_[size_t(seq)]; }
-  // Copies the K/V of every segment on leaf's path in `tree` (root first) into the buffer once, seen by n new
-  // sequences that continue from there; returns their ids. Error when fewer than n ids are free.
-  std::vector<int> add_sequences(const TreeCache& tree, int leaf, int n);
+  // New sequences, sequence i continuing from segment seq_leaf[i] of `tree`: copies the K/V of every segment
+  // on their paths into the buffer once, seen by the sequences below it (segments in order of first sight along
+  // the paths, each root first). Returns their ids, in order. Error when fewer ids are free.
+  std::vector<int> add_sequences(const TreeCache& tree, const std::vector<int>& seq_leaf);
   // The sequence stops seeing its keys and its id is free again; keys no sequence sees are dropped once they
   // outnumber the others (the buffer is compacted between steps).
   void remove_sequence(int seq);
@@ -209,8 +212,8 @@ class UnifiedCache final : public KvCache {
   cpu::UnifiedPlan plan_;
 };
 
-// Two caches in one step: the step's first rows are the first cache's, the rest the second's (a server step that
-// prefills prompts into its tree while it decodes sequences held in a unified buffer). Neither is owned.
+// Two caches in one step: the step's first rows are the first cache's, the rest the second's (unified: sequences
+// decoding in the buffer while prompts are prefilled into the tree). Neither is owned.
 class JoinedCache final : public KvCache {
  public:
   JoinedCache(KvCache& first, KvCache& second);  // same layers, head shape and K/V type
@@ -230,17 +233,74 @@ class JoinedCache final : public KvCache {
 
 // --- what each --attn method means (the one place) ---
 
+// A run's K/V under one method: the tree every method prefills prompts into (tree()), and how sequences start
+// after a prompt in it, end, and what they store beside it. As a KvCache it is the cache the forward pass runs
+// on: begin_step() names running sequences by the ids start() gave them; begin_steps() adds, after theirs, rows
+// prefilled into the tree.
+class KvMethod : public KvCache {
+ public:
+  // max_sequences: sequences running at once, at most (a unified buffer's ids). cost_model: auto's profile (else
+  // calibrated at the first step that shares a span).
+  static std::unique_ptr<KvMethod> make(AttnMethod m, int n_layer, const HeadShape& shape, DType dtype,
+                                        int max_sequences, const std::optional<CostModel>& cost_model = {});
+  // The same around a tree that holds prompts already (made by make_prefill_cache for m).
+  static std::unique_ptr<KvMethod> make(AttnMethod m, std::unique_ptr<TreeCache> tree, int max_sequences);
+
+  // K/V tokens that starting sequences stores beside the tree: the copies of their prompts. The prompts' paths
+  // hold path_tokens tokens, each segment counted once; seq_prompt_tokens counts each prompt once per sequence.
+  static int64_t copied_tokens(AttnMethod m, int64_t path_tokens, int64_t seq_prompt_tokens);
+
+  AttnMethod method() const { return method_; }
+  TreeCache& tree() { return *tree_; }
+  const TreeCache& tree() const { return *tree_; }
+  // Whether running sequences read their prompts in the tree (cascade, auto). Otherwise they read copies, and
+  // the prompts' segments may go once the sequences started.
+  virtual bool reads_tree() const = 0;
+
+  struct StartOptions {
+    int64_t n_reserve = -1;  // tokens each sequence adds at most, reserved at the start; < 0: grown as they come
+    bool own_leaf = false;   // the leaf is the caller's and nothing else hangs below it: a lone sequence may
+                             // continue in it (cascade, auto); it stays the caller's to release
+  };
+  // Starts sequence i after the prompt ending at tree segment seq_leaf[i] (its path stored complete). Returns
+  // their ids, in order.
+  virtual std::vector<int> start(const std::vector<int>& seq_leaf, const StartOptions& opt) = 0;
+  // start() for a tree that holds nothing but the prompts (generate()): their segments go once the sequences
+  // read copies of them.
+  std::vector<int> start_after_prompts(const std::vector<int>& seq_leaf);
+  // The sequence's K/V goes; its id may be handed out again.
+  virtual void end(int seq) = 0;
+  // Checks that `running` are the live sequences (Error naming the first that is not); appends the tree
+  // segments they hold to `segments`.
+  virtual void check_sequences(const std::vector<int>& running, std::vector<int>& segments) const = 0;
+
+  // A step: the rows of running sequences (entries name ids from start()), then rows prefilled into the tree
+  // (entries name tree segments).
+  virtual void begin_steps(const std::vector<Entry>& seqs, const std::vector<Entry>& prefill) = 0;
+  void begin_step(const std::vector<Entry>& seqs) override { begin_steps(seqs, {}); }
+  void store(int il, const float* k, const float* v) override { step_->store(il, k, v); }
+  void attend(int il, const float* q, float* o) override { step_->attend(il, q, o); }
+  int64_t stored_tokens() const override { return tree_->stored_tokens(); }
+  size_t allocated_bytes() const override { return tree_->allocated_bytes(); }
+
+ protected:
+  KvMethod(AttnMethod m, std::unique_ptr<TreeCache> tree);
+  AttnMethod method_;
+  std::unique_ptr<TreeCache> tree_;
+  KvCache* step_;  // the cache the current step runs on
+};
+
 // The K/V tokens a run holds at its largest: prompts of prompt_tokens tokens in all, stored as a tree of
 // tree_tokens tokens, n_parallel sequences per prompt generating gen_tokens tokens in all (every sequence's
 // own tokens summed).
 double peak_kv_tokens(AttnMethod m, int64_t tree_tokens, int64_t prompt_tokens, int n_parallel, double gen_tokens);
 
-// A cache to prefill the prompts into: every method prefills the same tree.
+// A cache to prefill the prompts into: every method prefills the same tree (auto's regroups its plans).
 std::unique_ptr<TreeCache> make_prefill_cache(AttnMethod m, int n_layer, const HeadShape& shape, DType dtype);
 
-// The sequences' start: sequence s continues the prompt ending at segment seq_leaf[s] of the prefilled
-// tree, laid out as the method says. Returns the cache the decode steps use (the tree itself, or a unified
-// buffer made from it) and, in seq_id, each sequence's id in it (a segment, or s).
+// The sequences' start over a prefilled tree that holds nothing but the prompts: sequence s continues the prompt
+// ending at segment seq_leaf[s]. Returns the method's cache (KvMethod::start_after_prompts) and, in seq_id, each
+// sequence's id in it.
 std::unique_ptr<KvCache> start_sequences(AttnMethod m, std::unique_ptr<TreeCache> prefilled,
                                          const std::vector<int>& seq_leaf, std::vector<int>& seq_id);
 

@@ -50,7 +50,8 @@ std::optional<double> get_number(const json& body, const char* key, double lo, d
   if (!f) return std::nullopt;
   if (!f->is_number()) refuse(std::string("'") + key + "' must be a number", key);
   const double v = f->get<double>();
-  if (!(v >= lo && v <= hi)) refuse(std::string("'") + key + "' must be in [" + num(lo) + ", " + num(hi) + "] (got " + num(v) + ")", key);
+  if (!(v >= lo && v <= hi))
+    refuse(std::string("'") + key + "' must be in [" + num(lo) + ", " + num(hi) + "] (got " + num(v) + ")", key);
   return v;
 }
 
@@ -517,17 +518,18 @@ std::string Api::metrics_text() const {
     std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v));
     return std::string(buf);
   };
-  const auto counter = [&](const char* name, const char* help, int64_t v) {
-    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " + integer(v) + "\n";
+  const auto metric = [&](const char* type, const char* name, const char* help, int64_t v) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " +
+           integer(v) + "\n";
   };
-  const auto gauge = [&](const char* name, const char* help, int64_t v) {
-    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + " " + integer(v) + "\n";
-  };
+  const auto counter = [&](const char* name, const char* help, int64_t v) { metric("counter", name, help, v); };
+  const auto gauge = [&](const char* name, const char* help, int64_t v) { metric("gauge", name, help, v); };
   counter("cascade_requests_total", "Generation requests queued.", m.requests);
   counter("cascade_requests_finished_total", "Generation requests answered in full.", m.requests_done);
-  counter("cascade_requests_cancelled_total", "Generation requests whose client left before the end.", m.requests_cancelled);
-  counter("cascade_requests_refused_total", "Generation requests refused because the queue was full or the server was stopping.",
-          m.requests_refused);
+  counter("cascade_requests_cancelled_total", "Generation requests whose client left before the end.",
+          m.requests_cancelled);
+  counter("cascade_requests_refused_total",
+          "Generation requests refused because the queue was full or the server was stopping.", m.requests_refused);
   {
     std::lock_guard lock(count_mu_);
     out += "# HELP cascade_http_responses_total Answers by HTTP status.\n# TYPE cascade_http_responses_total counter\n";
@@ -536,7 +538,8 @@ std::string Api::metrics_text() const {
   }
   counter("cascade_prompt_tokens_total", "Prompt tokens of admitted requests.", m.prompt_tokens);
   counter("cascade_prompt_tokens_cached_total",
-          "Prompt tokens found in the prefix cache (stored, or being prefilled for an earlier request), not computed again.",
+          "Prompt tokens found in the prefix cache (stored, or being prefilled for an earlier request), "
+          "not computed again.",
           m.prompt_tokens_cached);
   counter("cascade_prompt_tokens_prefilled_total", "Prompt tokens computed.", m.prompt_tokens_prefilled);
   counter("cascade_generated_tokens_total", "Tokens generated.", m.generated_tokens);
@@ -547,7 +550,8 @@ std::string Api::metrics_text() const {
   gauge("cascade_kv_bytes", "K/V bytes stored, cached prefixes included.", m.kv_bytes);
   gauge("cascade_kv_allocated_bytes", "K/V bytes held in memory: those stored and room for tokens to come.",
         m.kv_allocated_bytes);
-  gauge("cascade_kv_cached_bytes", "K/V bytes of cached prefixes no running request uses (evictable).", m.kv_cached_bytes);
+  gauge("cascade_kv_cached_bytes", "K/V bytes of cached prefixes no running request uses (evictable).",
+        m.kv_cached_bytes);
   gauge("cascade_kv_reserved_bytes", "K/V bytes running requests hold or may still need.", m.kv_reserved_bytes);
   gauge("cascade_kv_budget_bytes", "The K/V budget (--kv-budget).", m.kv_budget);
   gauge("cascade_prefix_nodes", "Nodes of the prefix tree.", m.prefix_nodes);

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
-#include <set>
 
 #include "cascade/cpu/calibrate.hpp"
 #include "cascade/error.hpp"
@@ -29,7 +28,7 @@ struct Engine::Arena {
 
 struct Engine::Sequence {
   int index = 0;  // the choice
-  int id = -1;    // its tree segment (cascade, auto, split) or unified sequence
+  int id = -1;    // its id in the method's K/V (KvMethod::start), -1 once ended
   Sampler sampler;
   StopText text;
   int32_t last = -1;  // the last sampled token, which the next step feeds
@@ -41,29 +40,42 @@ struct Engine::Sequence {
 };
 
 struct Engine::Active {
+  // A request's life: queued until admitted (slots and K/V taken); prefilling while its prompt's new tokens go
+  // into the tree; last_token in the step that prefills its prompt's last token, whose logits start its
+  // sequences; running while they decode; ended once its K/V is gone (its last events still to push).
+  enum class State { queued, prefilling, last_token, running, ended };
   std::shared_ptr<Ticket> ticket;
   GenRequest req;
-  int s0 = -1;            // the request's own segment: the last prompt token, below the prompt's node
-  bool pinned = false;    // the prompt's path in the prefix tree is pinned (through s0's parent)
-  bool s0_planned = false;
-  bool started = false;   // its sequences run
+  State state = State::queued;
+  int s0 = -1;            // while held: its own segment, the prompt's last token below the prompt's pinned node
   int64_t n_cached = 0;   // prompt tokens found in the tree
   int64_t reserved = 0;   // K/V tokens reserved for its own segments
   std::vector<Sequence> seqs;
-  int n_live = 0;         // sequences running (started) or to start
   int n_generated = 0;
   std::vector<Event> events;  // pushed to the ticket after the step
-  bool ended = false;
+
+  // The slots it holds: one per choice from admission, then one per running sequence.
+  int n_live() const {
+    switch (state) {
+      case State::prefilling:
+      case State::last_token: return req.n;
+      case State::running:
+        return int(std::count_if(seqs.begin(), seqs.end(), [](const Sequence& s) { return !s.done; }));
+      case State::queued:
+      case State::ended: return 0;
+    }
+    return 0;
+  }
 };
 
+// A step's rows: running sequences' first, then prompt tokens prefilled into the tree (KvMethod::begin_steps).
 struct Engine::StepBatch {
-  std::vector<KvCache::Entry> tree_entries, unified_entries;
-  std::vector<int32_t> tree_tokens, tree_pos, unified_tokens, unified_pos;
+  std::vector<KvCache::Entry> seq_entries, prefill_entries;
+  std::vector<int32_t> tokens, pos;  // (rows)
   struct Out {
     Active* a;
-    int seq;  // a sequence's index in a.seqs, or -1: the last prompt token (the choices' first tokens)
-    bool unified;
-    int64_t row;  // in its part
+    int seq;      // a sequence's index in a.seqs, or -1: the last prompt token (the choices' first tokens)
+    int64_t row;  // the row whose logits it takes
   };
   std::vector<Out> outs;
   int64_t n_prefill = 0;
@@ -116,17 +128,9 @@ Engine::Engine(const llama::Model& model, const Tokenizer& tok, EngineConfig con
   budget_tokens_ = cfg_.kv_budget / token_bytes_;
   CASCADE_CHECK(budget_tokens_ >= 2, "the K/V budget of ", cfg_.kv_budget, " bytes holds less than two tokens");
   arena_ = std::make_unique<Arena>(cfg_.n_threads);
-  tree_ = std::make_unique<TreeCache>(int(hp.n_layer), hp.head_shape(), cfg_.kv_dtype, cfg_.attn == AttnMethod::auto_);
-  if (cfg_.attn == AttnMethod::auto_) {
-    if (!cfg_.cost_model)
-      arena_->arena.execute([&] { cfg_.cost_model = calibrate(cfg_.n_threads, hp.head_shape(), cfg_.kv_dtype); });
-    tree_->set_cost_model(*cfg_.cost_model);
-  }
-  if (cfg_.attn == AttnMethod::unified) {
-    unified_ = std::make_unique<UnifiedCache>(int(hp.n_layer), hp.head_shape(), cfg_.kv_dtype, cfg_.n_parallel);
-    joined_ = std::make_unique<JoinedCache>(*tree_, *unified_);
-  }
-  prefix_ = std::make_unique<PrefixCache>(*tree_);
+  if (cfg_.attn == AttnMethod::auto_ && !cfg_.cost_model)
+    arena_->arena.execute([&] { cfg_.cost_model = calibrate(cfg_.n_threads, hp.head_shape(), cfg_.kv_dtype); });
+  reset_kv();
   m_.kv_budget = cfg_.kv_budget;
   m_.step_buckets.assign(std::size(EngineMetrics::kStepBuckets), 0);
 }
@@ -146,16 +150,19 @@ Engine::~Engine() {
     }
 }
 
-// The K/V tokens a request may add beside its prompt's nodes in the tree (its own segments, at their largest).
+// An empty tree and prefix cache under the method.
+void Engine::reset_kv() {
+  const llama::Hparams& hp = model_.hparams();
+  prefix_.reset();  // it refers to the tree
+  kv_ = KvMethod::make(cfg_.attn, int(hp.n_layer), hp.head_shape(), cfg_.kv_dtype, cfg_.n_parallel, cfg_.cost_model);
+  prefix_ = std::make_unique<PrefixCache>(kv_->tree());
+}
+
+// The K/V tokens a request may add beside its prompt's nodes in the tree, at their largest: its own segment (the
+// prompt's last token), the copies its method makes of the prompt, every token its choices may generate.
 int64_t Engine::reserve_tokens(const GenRequest& r) const {
-  const int64_t n = r.n, gen = r.max_tokens, len = int64_t(r.prompt.size());
-  switch (cfg_.attn) {
-    case AttnMethod::cascade:
-    case AttnMethod::auto_: return 1 + n * gen;
-    case AttnMethod::split: return 1 + n * (len + gen);
-    case AttnMethod::unified: return 1 + len + n * gen;
-  }
-  return 0;
+  const int64_t n = r.n, len = int64_t(r.prompt.size());
+  return 1 + KvMethod::copied_tokens(cfg_.attn, len, n * len) + n * r.max_tokens;
 }
 
 std::string Engine::check(const GenRequest& r) const {
@@ -174,8 +181,8 @@ std::string Engine::check(const GenRequest& r) const {
       return "token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(tok_.n_vocab()) + ")";
   const int64_t need = len - 1 + reserve_tokens(r);
   if (need > budget_tokens_)
-    return "the request needs the K/V of " + std::to_string(need) + " tokens at most, more than the server's budget of " +
-           std::to_string(budget_tokens_) + " (--kv-budget)";
+    return "the request needs the K/V of " + std::to_string(need) +
+           " tokens at most, more than the server's budget of " + std::to_string(budget_tokens_) + " (--kv-budget)";
   return {};
 }
 
@@ -259,7 +266,7 @@ bool Engine::drain(std::chrono::milliseconds timeout) {
   }
   waiting_.clear();
   for (auto& a : active_)
-    if (!a->ended) end_request(*a, "the server shut down before the request finished", 503);
+    if (a->state != Active::State::ended) end_request(*a, "the server shut down before the request finished", 503);
   finish_requests();
   publish_metrics(-1);
   return finished;
@@ -303,7 +310,7 @@ void Engine::end_cancelled() {
     m_.requests_cancelled += n_dropped;
   }
   for (auto& a : active_)
-    if (!a->ended && a->ticket->cancelled()) {
+    if (a->state != Active::State::ended && a->ticket->cancelled()) {
       end_request(*a, "cancelled", 499);
       std::lock_guard lock(mu_);
       ++m_.requests_cancelled;
@@ -342,14 +349,11 @@ bool Engine::try_admit(std::unique_ptr<Active>& ap) {
     prefix_->unpin(ins.node);  // its new node, stored nowhere yet, leaves the tree
     return false;
   }
-  a.s0 = tree_->add_segment(ins.node, len - 1);
-  // The prompt's last token; with one choice under cascade and auto, the choice's tokens follow it there.
-  const bool own = r.n == 1 && (cfg_.attn == AttnMethod::cascade || cfg_.attn == AttnMethod::auto_);
-  tree_->reserve(a.s0, own ? 1 + r.max_tokens : 1);
-  a.pinned = ins.node >= 0;
+  a.s0 = kv_->tree().add_segment(ins.node, len - 1);
+  kv_->tree().reserve(a.s0, 1);  // the prompt's last token (a sequence continuing there reserves its own)
+  a.state = Active::State::prefilling;
   a.n_cached = ins.n_found;
   a.reserved = reserve;
-  a.n_live = r.n;
   reserved_tokens_ += reserve;
   slots_used_ += r.n;
   std::lock_guard lock(mu_);
@@ -359,85 +363,71 @@ bool Engine::try_admit(std::unique_ptr<Active>& ap) {
 }
 
 // The step's rows: one per running sequence, then prompt tokens in admission order, at most n_batch of them.
-// A node takes rows once its parent is stored (or completed in this step), from one entry per step.
 void Engine::plan_step(StepBatch& b) {
-  const bool uni = cfg_.attn == AttnMethod::unified;
   for (auto& ap : active_) {
     Active& a = *ap;
-    if (!a.started) continue;
+    if (a.state != Active::State::running) continue;
     for (size_t j = 0; j < a.seqs.size(); ++j) {
-      Sequence& s = a.seqs[j];
+      const Sequence& s = a.seqs[j];
       if (s.done) continue;
-      auto& entries = uni ? b.unified_entries : b.tree_entries;
-      auto& tokens = uni ? b.unified_tokens : b.tree_tokens;
-      auto& pos = uni ? b.unified_pos : b.tree_pos;
-      b.outs.push_back({&a, int(j), uni, int64_t(tokens.size())});
-      entries.push_back({s.id, 1, s.pos});
-      tokens.push_back(s.last);
-      pos.push_back(int32_t(s.pos));
+      b.outs.push_back({&a, int(j), int64_t(b.tokens.size())});
+      b.seq_entries.push_back({s.id, 1, s.pos});
+      b.tokens.push_back(s.last);
+      b.pos.push_back(int32_t(s.pos));
     }
   }
   int64_t budget = cfg_.n_batch;
   std::map<int, int64_t> planned;  // node -> rows it gets this step
   for (auto& ap : active_) {
+    if (budget == 0) break;
     Active& a = *ap;
-    if (a.started || a.s0_planned || a.ended || budget == 0) continue;
-    const int node = tree_->parent(a.s0);
-    bool ready = true;
-    for (int g : node >= 0 ? prefix_->path(node) : std::vector<int>{}) {
-      const auto it = planned.find(g);
-      const int64_t have = prefix_->stored(g) + (it == planned.end() ? 0 : it->second);
-      const int64_t need = prefix_->length(g) - have;
-      if (need == 0) continue;
-      if (it != planned.end() || budget == 0) {  // another request's rows fill it this step, partly
-        ready = false;
-        break;
-      }
-      const int64_t take = std::min(need, budget);
-      const std::vector<int32_t>& toks = prefix_->tokens(g);
-      const int64_t start = tree_->start(g);
-      b.tree_entries.push_back({g, take, start + have});
-      for (int64_t i = have; i < have + take; ++i) {
-        b.tree_tokens.push_back(toks[size_t(i)]);
-        b.tree_pos.push_back(int32_t(start + i));
-      }
-      planned[g] = take;
-      budget -= take;
-      b.n_prefill += take;
-      if (take < need) {
-        ready = false;
-        break;
-      }
+    if (a.state == Active::State::prefilling && plan_prompt(a, b, planned, budget)) {
+      const int64_t last = int64_t(a.req.prompt.size()) - 1;
+      b.outs.push_back({&a, -1, int64_t(b.tokens.size())});
+      b.prefill_entries.push_back({a.s0, 1, last});
+      b.tokens.push_back(a.req.prompt.back());
+      b.pos.push_back(int32_t(last));
+      a.state = Active::State::last_token;
+      --budget;
+      ++b.n_prefill;
     }
-    if (!ready || budget == 0) continue;
-    const int64_t last = int64_t(a.req.prompt.size()) - 1;
-    b.outs.push_back({&a, -1, false, int64_t(b.tree_tokens.size())});
-    b.tree_entries.push_back({a.s0, 1, last});
-    b.tree_tokens.push_back(a.req.prompt.back());
-    b.tree_pos.push_back(int32_t(last));
-    a.s0_planned = true;
-    --budget;
-    ++b.n_prefill;
   }
+}
+
+// Plans rows for the prompt's nodes that are not stored yet, parents first, within the budget. A node takes rows
+// once its parent is stored (or completed in this step), from one entry per step. Returns true when the whole
+// path is stored or completed in this step and a row is left for the prompt's last token.
+bool Engine::plan_prompt(Active& a, StepBatch& b, std::map<int, int64_t>& planned, int64_t& budget) {
+  const int node = kv_->tree().parent(a.s0);
+  for (int g : node >= 0 ? prefix_->path(node) : std::vector<int>{}) {
+    const auto it = planned.find(g);
+    const int64_t have = prefix_->stored(g) + (it == planned.end() ? 0 : it->second);
+    const int64_t need = prefix_->length(g) - have;
+    if (need == 0) continue;
+    if (it != planned.end() || budget == 0) return false;  // another request's rows fill it this step, partly
+    const int64_t take = std::min(need, budget);
+    const std::vector<int32_t>& toks = prefix_->tokens(g);
+    const int64_t start = kv_->tree().start(g);
+    b.prefill_entries.push_back({g, take, start + have});
+    for (int64_t i = have; i < have + take; ++i) {
+      b.tokens.push_back(toks[size_t(i)]);
+      b.pos.push_back(int32_t(start + i));
+    }
+    planned[g] = take;
+    budget -= take;
+    b.n_prefill += take;
+    if (take < need) return false;
+  }
+  return budget > 0;
 }
 
 void Engine::run_step(StepBatch& b) {
   const int64_t n_vocab = model_.hparams().n_vocab;
-  const int64_t n_tree = int64_t(b.tree_tokens.size());
-  std::vector<int32_t> tokens = b.tree_tokens, pos = b.tree_pos;
-  tokens.insert(tokens.end(), b.unified_tokens.begin(), b.unified_tokens.end());
-  pos.insert(pos.end(), b.unified_pos.begin(), b.unified_pos.end());
   std::vector<int64_t> logit_rows;
-  for (const StepBatch::Out& o : b.outs) logit_rows.push_back(o.row + (o.unified ? n_tree : 0));
-  KvCache* cache = tree_.get();
-  if (joined_) {
-    joined_->begin_steps(b.tree_entries, b.unified_entries);
-    cache = joined_.get();
-  } else {
-    tree_->begin_step(b.tree_entries);
-  }
+  for (const StepBatch::Out& o : b.outs) logit_rows.push_back(o.row);
+  kv_->begin_steps(b.seq_entries, b.prefill_entries);
   std::vector<float> logits;
-  model_.forward(tokens, pos, *cache, logit_rows, logits);
+  model_.forward(b.tokens, b.pos, *kv_, logit_rows, logits);
   // The running sequences draw side by side (each from its own sampler and stream); what follows from the
   // draws, and the new requests' first draws, stay in order.
   std::vector<int32_t> drawn(b.outs.size());
@@ -461,46 +451,19 @@ void Engine::run_step(StepBatch& b) {
 // token from the same logits with its own stream.
 void Engine::start_sequences(Active& a, const float* logits) {
   const GenRequest& r = a.req;
-  const int64_t len = int64_t(r.prompt.size());
-  std::vector<int> ids(size_t(r.n));
-  switch (cfg_.attn) {
-    case AttnMethod::cascade:
-    case AttnMethod::auto_:
-      if (r.n == 1) ids[0] = a.s0;
-      else
-        for (int& id : ids) {
-          id = tree_->add_segment(a.s0);
-          tree_->reserve(id, r.max_tokens);
-        }
-      break;
-    case AttnMethod::split:
-      for (int& id : ids) {
-        id = tree_->add_segment(-1);
-        tree_->reserve(id, len + r.max_tokens);
-        tree_->copy_path(id, a.s0);
-      }
-      break;
-    case AttnMethod::unified: ids = unified_->add_sequences(*tree_, a.s0, r.n); break;
-  }
-  if (cfg_.attn == AttnMethod::split || cfg_.attn == AttnMethod::unified) {  // the copies stand alone
-    const int node = tree_->parent(a.s0);
-    tree_->release(a.s0);
-    a.s0 = -1;
-    if (a.pinned) prefix_->unpin(node);
-    a.pinned = false;
-  }
-  a.started = true;
+  const std::vector<int> ids = kv_->start(std::vector<int>(size_t(r.n), a.s0), {r.max_tokens, true});
+  if (!kv_->reads_tree()) release_prompt(a);  // the copies stand alone
+  a.state = Active::State::running;
   for (int j = 0; j < r.n; ++j) {
     a.seqs.emplace_back(j, r.sampling, r.stop);
     Sequence& s = a.seqs.back();
     s.id = ids[size_t(j)];
-    s.pos = len;
+    s.pos = int64_t(r.prompt.size());
   }
   const int64_t n_vocab = model_.hparams().n_vocab;
   for (Sequence& s : a.seqs) {
     if (r.max_tokens == 0) {
       a.events.push_back({Event::Kind::finish, s.index, "length", 0, {}});
-      s.done = true;
       end_sequence(a, s);
       continue;
     }
@@ -532,56 +495,46 @@ void Engine::accept(Active& a, Sequence& s, int32_t tok, std::vector<Event>& ev)
     return;
   }
   ev.push_back({Event::Kind::finish, s.index, reason, 0, {}});
-  s.done = true;
   end_sequence(a, s);
 }
 
-// A sequence's K/V goes as soon as it ends; the request's own segment and pins when its last sequence ends.
+// A sequence's K/V goes as soon as it ends; the request's own K/V when its last sequence ends.
 void Engine::end_sequence(Active& a, Sequence& s) {
-  if (s.id >= 0) {
-    if (cfg_.attn == AttnMethod::unified) unified_->remove_sequence(s.id);
-    else if (s.id != a.s0) tree_->release(s.id);
-    s.id = -1;
-  }
-  --a.n_live;
+  kv_->end(s.id);
+  s.id = -1;
+  s.done = true;
   --slots_used_;
-  if (a.n_live > 0) return;
-  if (a.s0 >= 0) {
-    const int node = tree_->parent(a.s0);
-    tree_->release(a.s0);
-    a.s0 = -1;
-    if (a.pinned) prefix_->unpin(node);
-    a.pinned = false;
-  }
+  if (a.n_live() > 0) return;
+  close_request(a);
+  a.events.push_back({Event::Kind::done, 0, {}, 0, {int64_t(a.req.prompt.size()), a.n_generated, a.n_cached}});
+}
+
+// The request's hold on its prompt goes: its own segment and the pin on the prompt's path.
+void Engine::release_prompt(Active& a) {
+  if (a.s0 < 0) return;
+  const int node = kv_->tree().parent(a.s0);
+  kv_->tree().release(a.s0);
+  a.s0 = -1;
+  if (node >= 0) prefix_->unpin(node);
+}
+
+// Everything the request holds goes: its prompt and its reservation. Its sequences have ended (or never started).
+void Engine::close_request(Active& a) {
+  release_prompt(a);
   reserved_tokens_ -= a.reserved;
   a.reserved = 0;
-  a.ended = true;
-  a.events.push_back({Event::Kind::done, 0, {}, 0, {int64_t(a.req.prompt.size()), a.n_generated, a.n_cached}});
+  a.state = Active::State::ended;
 }
 
 // Ends a request early (cancelled, shutting down): its sequences stop, its K/V goes, the client gets an error.
 void Engine::end_request(Active& a, const std::string& error, int status) {
-  if (a.ended) return;
-  if (!a.started) {
-    // Nothing runs yet: its slots were taken at admission.
-    slots_used_ -= a.n_live;
-    a.n_live = 0;
-    if (a.s0 >= 0) {
-      const int node = tree_->parent(a.s0);
-      tree_->release(a.s0);
-      a.s0 = -1;
-      if (a.pinned) prefix_->unpin(node);
-      a.pinned = false;
-    }
-    reserved_tokens_ -= a.reserved;
-    a.reserved = 0;
-    a.ended = true;
-  } else {
+  if (a.state == Active::State::ended) return;
+  if (a.state == Active::State::running) {
     for (Sequence& s : a.seqs)
-      if (!s.done) {
-        s.done = true;
-        end_sequence(a, s);
-      }
+      if (!s.done) end_sequence(a, s);
+  } else {
+    slots_used_ -= a.n_live();  // nothing runs yet: its slots were taken at admission
+    close_request(a);
   }
   a.events.clear();
   a.events.push_back({Event::Kind::error, 0, error, status, {}});
@@ -591,10 +544,10 @@ void Engine::end_request(Active& a, const std::string& error, int status) {
 void Engine::finish_requests() {
   int64_t n_done = 0;
   for (auto& a : active_) {
-    if (a->ended && !a->events.empty() && a->events.back().kind == Event::Kind::done) ++n_done;
+    if (a->state == Active::State::ended && !a->events.empty() && a->events.back().kind == Event::Kind::done) ++n_done;
     a->ticket->push(a->events);
   }
-  std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->ended; });
+  std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->state == Active::State::ended; });
   if (n_done) {
     std::lock_guard lock(mu_);
     m_.requests_done += n_done;
@@ -611,7 +564,7 @@ bool Engine::step() {
   }
   StepBatch b;
   plan_step(b);
-  if (b.tree_tokens.empty() && b.unified_tokens.empty()) {
+  if (b.tokens.empty()) {
     publish_metrics(-1);
     return false;
   }
@@ -619,25 +572,7 @@ bool Engine::step() {
   try {
     arena_->arena.execute([&] { run_step(b); });
   } catch (const std::exception& e) {
-    // Nothing valid reaches here (requests are checked on entry); if it does, every running request fails and
-    // the K/V starts over, since a pass that failed midway may have stored some layers and not others.
-    for (auto& a : active_) {
-      a->events.clear();
-      a->events.push_back({Event::Kind::error, 0, std::string("internal error: ") + e.what(), 500, {}});
-      a->ended = true;
-    }
-    finish_requests();
-    slots_used_ = 0;
-    reserved_tokens_ = 0;
-    const llama::Hparams& hp = model_.hparams();
-    tree_ = std::make_unique<TreeCache>(int(hp.n_layer), hp.head_shape(), cfg_.kv_dtype, cfg_.attn == AttnMethod::auto_);
-    if (cfg_.cost_model) tree_->set_cost_model(*cfg_.cost_model);
-    prefix_ = std::make_unique<PrefixCache>(*tree_);
-    if (unified_) {
-      unified_ = std::make_unique<UnifiedCache>(int(hp.n_layer), hp.head_shape(), cfg_.kv_dtype, cfg_.n_parallel);
-      joined_ = std::make_unique<JoinedCache>(*tree_, *unified_);
-    }
-    publish_metrics(-1);
+    fail_all(e);
     return true;
   }
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -650,10 +585,25 @@ bool Engine::step() {
   return true;
 }
 
+// A step failed. Nothing valid reaches here (requests are checked on entry); if it does, every running request
+// fails and the K/V starts over, since a pass that failed midway may have stored some layers and not others.
+void Engine::fail_all(const std::exception& e) {
+  for (auto& a : active_) {
+    a->events.clear();
+    a->events.push_back({Event::Kind::error, 0, std::string("internal error: ") + e.what(), 500, {}});
+    a->state = Active::State::ended;
+  }
+  finish_requests();
+  slots_used_ = 0;
+  reserved_tokens_ = 0;
+  reset_kv();
+  publish_metrics(-1);
+}
+
 void Engine::publish_metrics(double step_s) {
   int n_seq = 0;
-  for (const auto& a : active_) n_seq += a->started ? a->n_live : 0;
-  const int64_t kv_tokens = tree_->stored_tokens() + (unified_ ? unified_->stored_tokens() : 0);
+  for (const auto& a : active_) n_seq += a->state == Active::State::running ? a->n_live() : 0;
+  const int64_t kv_tokens = kv_->stored_tokens();
   std::lock_guard lock(mu_);
   if (step_s >= 0) {
     ++m_.steps;
@@ -666,7 +616,7 @@ void Engine::publish_metrics(double step_s) {
   m_.active_requests = int(active_.size());
   m_.active_sequences = n_seq;
   m_.kv_bytes = kv_tokens * token_bytes_;
-  m_.kv_allocated_bytes = int64_t(tree_->allocated_bytes() + (unified_ ? unified_->allocated_bytes() : 0));
+  m_.kv_allocated_bytes = int64_t(kv_->allocated_bytes());
   m_.kv_cached_bytes = prefix_->unpinned_tokens() * token_bytes_;
   m_.kv_reserved_bytes = (prefix_->pinned_tokens() + reserved_tokens_) * token_bytes_;
   m_.evicted_tokens = prefix_->evicted_tokens();
@@ -680,24 +630,24 @@ EngineMetrics Engine::metrics() const {
 
 void Engine::check_state() const {
   prefix_->check();
-  std::set<int> own;  // segments of live requests
-  for (const auto& a : active_) {
-    if (a->s0 >= 0) own.insert(a->s0);
-    for (const Sequence& s : a->seqs)
-      if (!s.done && cfg_.attn != AttnMethod::unified) own.insert(s.id);
-  }
-  for (int g = 0; g < tree_->n_ids(); ++g)
-    CASCADE_CHECK(!tree_->live(g) || prefix_->is_node(g) || own.count(g), "engine: segment ", g,
-                  " belongs to no request and no prefix");
-  int n_uni = 0;
-  if (unified_)
-    for (int s = 0; s < unified_->n_sequences(); ++s) n_uni += unified_->live(s);
-  int n_running = 0;
-  for (const auto& a : active_)
-    for (const Sequence& s : a->seqs) n_running += !s.done;
-  CASCADE_CHECK(!unified_ || n_uni == n_running, "engine: ", n_uni, " unified sequences for ", n_running, " running");
+  std::vector<int> own, running;  // segments of live requests; ids of running sequences
   int slots = 0;
-  for (const auto& a : active_) slots += a->n_live;
+  for (const auto& a : active_) {
+    using State = Active::State;
+    const bool holds_prompt = a->state == State::prefilling || a->state == State::last_token ||
+                              (a->state == State::running && kv_->reads_tree());
+    CASCADE_CHECK((a->s0 >= 0) == holds_prompt, "engine: a request ", a->s0 >= 0 ? "holds" : "lost",
+                  " its prompt's segment in state ", int(a->state));
+    if (a->s0 >= 0) own.push_back(a->s0);
+    for (const Sequence& s : a->seqs)
+      if (!s.done) running.push_back(s.id);
+    slots += a->n_live();
+  }
+  kv_->check_sequences(running, own);
+  const TreeCache& tree = kv_->tree();
+  for (int g = 0; g < tree.n_ids(); ++g)
+    CASCADE_CHECK(!tree.live(g) || prefix_->is_node(g) || std::find(own.begin(), own.end(), g) != own.end(),
+                  "engine: segment ", g, " belongs to no request and no prefix");
   CASCADE_CHECK(slots == slots_used_, "engine: ", slots_used_, " slots taken, ", slots, " by requests");
 }
 

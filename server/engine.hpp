@@ -12,14 +12,9 @@
 // A request's prompt goes into the prefix tree (prefix_cache.hpp) without its last token: the longest prefix
 // any earlier request brought is reused, not recomputed (cached_tokens). The last prompt token is prefilled
 // into a segment of the request's own below the prompt's node, and its logits give every choice's first
-// token. Then, by attention method:
-//   cascade, auto  the n sequences fork below that segment (n = 1: the sequence continues in it), so each
-//                  step's plan attends every shared span once for all the sequences below it (auto: or folds
-//                  it into them where its cost model predicts faster); the prompt stays pinned until the
-//                  request ends;
-//   split          each sequence copies its whole prompt into a root of its own and is attended alone;
-//   unified        the prompt is copied once into one buffer beside every other sequence's tokens, and every
-//                  row scores every key under a mask (llama.cpp's unified K/V).
+// token. Then the choices start as the attention method lays them out (kv_cache.hpp's KvMethod): under cascade and
+// auto they fork below that segment (one choice continues in it) and the prompt stays pinned until the request
+// ends; under split and unified they read copies of the prompt, and its segment and pin go at once.
 // A sequence ends at an end-of-generation token (unless ignore_eos), a stop string, max_tokens, or the context
 // ("length"); a cancelled request's sequences end at the next step. Either way its K/V goes at once.
 //
@@ -36,6 +31,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -177,11 +174,16 @@ class Engine {
   bool try_admit(std::unique_ptr<Active>& a);
   int64_t reserve_tokens(const GenRequest& r) const;
   int64_t kv_tokens_in_use() const;
+  void reset_kv();
   void plan_step(StepBatch& b);
+  bool plan_prompt(Active& a, StepBatch& b, std::map<int, int64_t>& planned, int64_t& budget);
   void run_step(StepBatch& b);
+  void fail_all(const std::exception& e);
   void start_sequences(Active& a, const float* logits);
   void accept(Active& a, Sequence& s, int32_t tok, std::vector<Event>& ev);
   void end_sequence(Active& a, Sequence& s);
+  void release_prompt(Active& a);
+  void close_request(Active& a);
   void end_request(Active& a, const std::string& error, int status);
   void finish_requests();
   void publish_metrics(double step_s);
@@ -195,9 +197,7 @@ class Engine {
   std::unique_ptr<Arena> arena_;
 
   // Owned by the stepping thread.
-  std::unique_ptr<TreeCache> tree_;
-  std::unique_ptr<UnifiedCache> unified_;  // unified only
-  std::unique_ptr<JoinedCache> joined_;    // unified only: the tree's prefill rows, then the buffer's
+  std::unique_ptr<KvMethod> kv_;  // the prefix tree and the sequences, laid out as cfg_.attn says
   std::unique_ptr<PrefixCache> prefix_;
   std::vector<std::unique_ptr<Active>> waiting_, active_;
   int slots_used_ = 0;

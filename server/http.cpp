@@ -16,27 +16,33 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "cascade/error.hpp"
 
+// The header compiled against must be the version server/CMakeLists.txt checked (a tested one).
+static_assert(std::string_view(CPPHTTPLIB_VERSION) == CASCADE_HTTPLIB_VERSION,
+              "httplib.h is not the cpp-httplib version CMake found and checked (server/CMakeLists.txt)");
+
 namespace cascade::server {
 
 namespace {
 
-// httplib's task queue with a bound: enqueue() waits while the backlog is full, which holds the accept loop.
-class BoundedPool final : public httplib::TaskQueue {
+// A fixed pool of threads with a bounded queue: enqueue() waits while the backlog is full, which holds the accept
+// loop.
+class BoundedPool {
  public:
   BoundedPool(int n_threads, int backlog) : backlog_(size_t(backlog)) {
     for (int i = 0; i < n_threads; ++i) threads_.emplace_back([this] { work(); });
   }
-  ~BoundedPool() override { shutdown(); }
+  ~BoundedPool() { shutdown(); }
 
   // Accepted connections waiting for a thread.
   size_t waiting() const { return waiting_.load(std::memory_order_relaxed); }
 
-  void enqueue(std::function<void()> fn) override {
+  void enqueue(std::function<void()> fn) {
     std::unique_lock lock(mu_);
     room_.wait(lock, [&] { return jobs_.size() < backlog_ || stop_; });
     jobs_.push_back(std::move(fn));
@@ -45,7 +51,8 @@ class BoundedPool final : public httplib::TaskQueue {
     ready_.notify_one();
   }
 
-  void shutdown() override {
+  // Serves what is queued, then joins the threads.
+  void shutdown() {
     {
       std::lock_guard lock(mu_);
       if (stop_ && threads_.empty()) return;
@@ -194,75 +201,125 @@ constexpr const char* kTooSlow = "the request did not arrive within the server's
 // The connection being served on this thread: the body's reader asks it whether the request ran out of time.
 thread_local ConnStream* t_conn = nullptr;
 
-// httplib's server, serving each connection on ConnStream: every request on it gets request_timeout to arrive.
+// httplib's server, used for what it does with one request on a stream: parse it, route it to the handlers and
+// write the answer (process_request). The listener's loop, the pool and each connection's loop are ours, so that
+// timeouts and keep-alive are HttpConfig's whatever the library's defaults. What is used of httplib beyond its
+// public interface is its interface for subclasses (protected): process_request, and svr_sock_, the socket
+// bind_to_port makes, which its streamed answers watch (they stop once it is INVALID_SOCKET). That interface is
+// not promised to stay, so server/CMakeLists.txt accepts only the versions this was tested with.
 class Server final : public httplib::Server {
  public:
-  void set_request_timeout(int seconds) { request_timeout_ = std::chrono::seconds(seconds); }
-  // The pool serving the connections (made by new_task_queue when listening starts).
-  void set_pool(const BoundedPool* pool) { pool_ = pool; }
+  explicit Server(const HttpConfig& c)
+      : read_timeout_ms_(c.read_timeout_s * 1000), write_timeout_ms_(c.write_timeout_s * 1000),
+        request_timeout_(c.request_timeout_s), keep_alive_(c.keep_alive_s) {}
+  ~Server() override { close_listener(); }
+
   // httplib listens with a queue of 5 connections: more clients than that connecting at once, while the accept
   // loop waits for its turn on a core, had their handshakes dropped, and retried them only a second later.
   // listen() again on the bound socket sets the kernel's queue to n.
-  bool set_listen_queue(int n) { return ::listen(svr_sock_, n) == 0; }
+  bool set_listen_queue(int n) {
+    listener_ = svr_sock_;
+    return ::listen(listener_, n) == 0;
+  }
+
+  // Accepts connections (bound before) and serves each on the pool, until stop(). Returns once every accepted
+  // connection has ended; false when the listener failed.
+  bool accept_loop(BoundedPool& pool);
+  // Ends accept_loop, idle connections and streamed answers (at their next write).
+  void stop() {
+    stopping_ = true;
+    const socket_t s = svr_sock_.exchange(INVALID_SOCKET);
+    if (s != INVALID_SOCKET) ::shutdown(s, SHUT_RDWR);
+  }
 
  private:
-  // (httplib's own is private but virtual: the pool's threads call this one.)
-  bool process_and_close_socket(socket_t sock) override {
-    ConnStream conn(sock, int(read_timeout_sec_ * 1000 + read_timeout_usec_ / 1000),
-                    int(write_timeout_sec_ * 1000 + write_timeout_usec_ / 1000));
-    t_conn = &conn;
-    bool ok = false;
-    for (size_t left = keep_alive_max_count_; left > 0 && next_request(conn); --left) {
-      conn.begin_request(Clock::now() + request_timeout_);
-      bool closed = false;
-      ok = process_request(conn, left == 1, closed, nullptr);
-      // A request out of time (answered 408, or not at all) or refused ends the connection: the rest of its bytes
-      // would be read as new requests (a trickle with a new deadline each).
-      if (!ok || closed || conn.ending()) break;
-    }
-    t_conn = nullptr;
-    if (conn.ending()) linger(sock);
-    ::shutdown(sock, SHUT_RDWR);
-    ::close(sock);
-    return ok;
-  }
-
-  // Closing a socket with unread bytes resets the connection, and a reset can discard the answer still on its way
-  // to the client: so the server's side is shut first (the client sees the answer, then the end) and what the
-  // client sent meanwhile is read and dropped, for a second at most.
-  static void linger(int sock) {
-    ::shutdown(sock, SHUT_WR);
-    const auto end = Clock::now() + std::chrono::seconds(1);
-    char sink[4096];
-    for (size_t dropped = 0; dropped < (size_t(1) << 20) && wait_for(sock, POLLIN, ms_until(end)) > 0;) {
-      const ssize_t n = ::recv(sock, sink, sizeof sink, 0);
-      if (n <= 0) break;
-      dropped += size_t(n);
-    }
-  }
-
-  // Waits for a request's first bytes, up to the keep-alive timeout; false when the connection is idle that long,
-  // is closed, or the server stops. While other connections wait for a thread, an idle one keeps its thread for
-  // kIdleWhenBusy only: otherwise each idle connection ahead of a client would delay it by the whole idle timeout.
-  bool next_request(const ConnStream& conn) const {
-    if (conn.buffered()) return true;
-    const auto start = Clock::now();
-    const auto idle_end = start + std::chrono::seconds(keep_alive_timeout_sec_);
-    while (svr_sock_ != INVALID_SOCKET) {
-      const int left = ms_until(idle_end);
-      const int r = wait_for(conn.socket(), POLLIN, std::min(left, 50));
-      if (r != 0) return r > 0;
-      if (left == 0) return false;
-      const BoundedPool* pool = pool_.load();
-      if (pool && pool->waiting() > 0 && Clock::now() - start >= kIdleWhenBusy) return false;
-    }
-    return false;
+  void serve(int sock, const BoundedPool& pool);
+  bool next_request(const ConnStream& conn, const BoundedPool& pool) const;
+  static void linger(int sock);
+  void close_listener() {
+    if (listener_ >= 0) ::close(listener_);
+    listener_ = -1;
   }
 
   static constexpr auto kIdleWhenBusy = std::chrono::milliseconds(100);
-  std::chrono::seconds request_timeout_{30};
-  std::atomic<const BoundedPool*> pool_{nullptr};
+  static constexpr size_t kMaxRequests = 1000;  // per connection
+  const int read_timeout_ms_, write_timeout_ms_;
+  const std::chrono::seconds request_timeout_, keep_alive_;
+  int listener_ = -1;  // the bound socket, closed once the accept loop ends
+  std::atomic<bool> stopping_{false};
 };
+
+bool Server::accept_loop(BoundedPool& pool) {
+  bool ok = listener_ >= 0;
+  while (ok && !stopping_) {
+    if (wait_for(listener_, POLLIN, 100) <= 0) continue;
+    const int sock = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (sock < 0) {
+      // Out of descriptors: the connections being served close in time. Other errors end the listener (those of a
+      // connection that went before it was accepted, and the shutdown of stop(), aside).
+      if (errno == EMFILE || errno == ENFILE) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      else ok = stopping_ || errno == EINTR || errno == EAGAIN || errno == ECONNABORTED || errno == EPROTO;
+      continue;
+    }
+    // A write to a client that reads nothing (its socket buffer full) waits at most the write timeout.
+    const timeval tv{write_timeout_ms_ / 1000, 0};
+    ::setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    pool.enqueue([this, sock, &pool] { serve(sock, pool); });
+  }
+  stop();  // (when the listener failed) idle connections end too
+  pool.shutdown();
+  close_listener();
+  return ok;
+}
+
+// One connection's requests, each with request_timeout to arrive, until it closes, idles out or breaks a rule.
+void Server::serve(int sock, const BoundedPool& pool) {
+  ConnStream conn(sock, read_timeout_ms_, write_timeout_ms_);
+  t_conn = &conn;
+  for (size_t left = kMaxRequests; left > 0 && next_request(conn, pool); --left) {
+    conn.begin_request(Clock::now() + request_timeout_);
+    bool closed = false;
+    const bool ok = process_request(conn, left == 1, closed, nullptr);
+    // A request out of time (answered 408, or not at all) or refused ends the connection: the rest of its bytes
+    // would be read as new requests (a trickle with a new deadline each).
+    if (!ok || closed || conn.ending()) break;
+  }
+  t_conn = nullptr;
+  if (conn.ending()) linger(sock);
+  ::shutdown(sock, SHUT_RDWR);
+  ::close(sock);
+}
+
+// Closing a socket with unread bytes resets the connection, and a reset can discard the answer still on its way
+// to the client: so the server's side is shut first (the client sees the answer, then the end) and what the
+// client sent meanwhile is read and dropped, for a second at most.
+void Server::linger(int sock) {
+  ::shutdown(sock, SHUT_WR);
+  const auto end = Clock::now() + std::chrono::seconds(1);
+  char sink[4096];
+  for (size_t dropped = 0; dropped < (size_t(1) << 20) && wait_for(sock, POLLIN, ms_until(end)) > 0;) {
+    const ssize_t n = ::recv(sock, sink, sizeof sink, 0);
+    if (n <= 0) break;
+    dropped += size_t(n);
+  }
+}
+
+// Waits for a request's first bytes, up to the keep-alive timeout; false when the connection is idle that long,
+// is closed, or the server stops. While other connections wait for a thread, an idle one keeps its thread for
+// kIdleWhenBusy only: otherwise each idle connection ahead of a client would delay it by the whole idle timeout.
+bool Server::next_request(const ConnStream& conn, const BoundedPool& pool) const {
+  if (conn.buffered()) return true;
+  const auto start = Clock::now();
+  const auto idle_end = start + keep_alive_;
+  while (!stopping_) {
+    const int left = ms_until(idle_end);
+    const int r = wait_for(conn.socket(), POLLIN, std::min(left, 50));
+    if (r != 0) return r > 0;
+    if (left == 0) return false;
+    if (pool.waiting() > 0 && Clock::now() - start >= kIdleWhenBusy) return false;
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -270,8 +327,10 @@ struct HttpServer::Impl {
   Api& api;
   HttpConfig cfg;
   Server svr;
-  std::atomic<bool> in_run{false}, stopped{false};
-  Impl(Api& a, HttpConfig c) : api(a), cfg(std::move(c)) {}
+  Impl(Api& a, HttpConfig c) : api(a), cfg(std::move(c)), svr(cfg) {}
+  void route();
+  void answer_errors();
+  void read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read);
   void serve(const httplib::Request& req, const std::string& body, httplib::Response& res);
   void refuse(httplib::Response& res, int status, const char* what);
 };
@@ -323,57 +382,39 @@ void HttpServer::Impl::serve(const httplib::Request& req, const std::string& bod
       });
 }
 
-HttpServer::HttpServer(Api& api, HttpConfig config) : impl_(std::make_unique<Impl>(api, std::move(config))) {
-  std::signal(SIGPIPE, SIG_IGN);
-  const HttpConfig& c = impl_->cfg;
-  CASCADE_CHECK(c.n_threads >= 1 && c.backlog >= 1, "the HTTP server needs at least one thread and backlog slot");
-  CASCADE_CHECK(c.read_timeout_s >= 1 && c.request_timeout_s >= 1 && c.keep_alive_s >= 1,
-                "the HTTP server's timeouts must be at least a second");
-  Server& svr = impl_->svr;
-  const int n_threads = c.n_threads, backlog = c.backlog;
-  svr.new_task_queue = [&svr, n_threads, backlog] {
-    auto* pool = new BoundedPool(n_threads, backlog);
-    svr.set_pool(pool);
-    return pool;
-  };
-  svr.set_payload_max_length(c.max_body);
-  svr.set_read_timeout(c.read_timeout_s, 0);
-  svr.set_request_timeout(c.request_timeout_s);
-  svr.set_keep_alive_timeout(c.keep_alive_s);
-  svr.set_keep_alive_max_count(1000);
-  Impl* impl = impl_.get();
-  // Bodies are read here, bounded by max_body as they arrive (decompressed, when a Content-Encoding is given):
-  // httplib checks its payload limit against Content-Length only, so a chunked or compressed body would otherwise
-  // be read whole, however large.
-  const auto with_body = [impl](const httplib::Request& req, httplib::Response& res,
-                                const httplib::ContentReader& read) {
-    std::string body;
-    bool too_large = false;
-    const size_t max_body = impl->cfg.max_body;
-    const bool ok = read([&](const char* data, size_t n) {
-      if (n > max_body - body.size()) {
-        too_large = true;
-        return false;
-      }
-      body.append(data, n);
-      return true;
-    });
-    if (too_large || (!ok && res.status == 413)) return impl->refuse(res, 413, "the request body is too large");
-    if (!ok && t_conn && t_conn->expired())
-      return impl->refuse(res, 408, kTooSlow);
-    if (!ok) return impl->refuse(res, 400, "the request body could not be read");
-    impl->serve(req, body, res);
-  };
-  const auto without_body = [impl](const httplib::Request& req, httplib::Response& res) {
-    impl->serve(req, req.body, res);
-  };
+// Bodies are read here, bounded by max_body as they arrive (decompressed, when a Content-Encoding is given):
+// httplib checks its payload limit against Content-Length only, so a chunked or compressed body would otherwise be
+// read whole, however large.
+void HttpServer::Impl::read_body(const httplib::Request& req, httplib::Response& res,
+                                 const httplib::ContentReader& read) {
+  std::string body;
+  bool too_large = false;
+  const bool ok = read([&](const char* data, size_t n) {
+    if (n > cfg.max_body - body.size()) {
+      too_large = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (too_large || (!ok && res.status == 413)) return refuse(res, 413, "the request body is too large");
+  if (!ok && t_conn && t_conn->expired()) return refuse(res, 408, kTooSlow);
+  if (!ok) return refuse(res, 400, "the request body could not be read");
+  serve(req, body, res);
+}
+
+// Every path of every method goes to the API.
+void HttpServer::Impl::route() {
+  const auto with_body = [this](const httplib::Request& req, httplib::Response& res,
+                                const httplib::ContentReader& read) { read_body(req, res, read); };
+  const auto without_body = [this](const httplib::Request& req, httplib::Response& res) { serve(req, req.body, res); };
   // Methods httplib reads a body for without a content reader (GET, OPTIONS): a chunked or compressed body is
   // refused before it is read; one with a Content-Length is bounded by httplib's payload limit.
-  svr.set_pre_routing_handler([impl](const httplib::Request& req, httplib::Response& res) {
+  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     const bool takes_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
                             req.method == "DELETE";
     if (!takes_body && (req.has_header("Transfer-Encoding") || req.has_header("Content-Encoding"))) {
-      impl->refuse(res, 400, "this method takes no chunked or compressed body");
+      refuse(res, 400, "this method takes no chunked or compressed body");
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
@@ -384,18 +425,21 @@ HttpServer::HttpServer(Api& api, HttpConfig config) : impl_(std::make_unique<Imp
   svr.Patch(".*", with_body);
   svr.Delete(".*", with_body);
   svr.Options(".*", without_body);
-  // Answers httplib makes itself (413, 400 for a request it cannot parse): an OpenAI error object too.
-  const httplib::Server::HandlerWithResponse on_error = [impl](const httplib::Request&, httplib::Response& res) {
+}
+
+// Answers httplib makes itself (413, 400 for a request it cannot parse) and exceptions: OpenAI error objects.
+void HttpServer::Impl::answer_errors() {
+  const httplib::Server::HandlerWithResponse on_error = [this](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     const int status = t_conn && t_conn->expired() ? 408 : res.status;  // 408: headers that did not arrive in time
-    impl->refuse(res, status,
-                 status == 408   ? kTooSlow
-                 : status == 413 ? "the request body is too large"
-                                 : "the request could not be read");
+    refuse(res, status,
+           status == 408   ? kTooSlow
+           : status == 413 ? "the request body is too large"
+                           : "the request could not be read");
     return httplib::Server::HandlerResponse::Handled;
   };
   svr.set_error_handler(on_error);
-  svr.set_exception_handler([impl](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+  svr.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "internal error";
     try {
       std::rethrow_exception(ep);
@@ -404,9 +448,22 @@ HttpServer::HttpServer(Api& api, HttpConfig config) : impl_(std::make_unique<Imp
     } catch (...) {
     }
     res.status = 500;
-    impl->api.count_status(500);
+    api.count_status(500);
     res.set_content(error_json(500, what), "application/json");
   });
+}
+
+HttpServer::HttpServer(Api& api, HttpConfig config) {
+  CASCADE_CHECK(config.n_threads >= 1 && config.backlog >= 1,
+                "the HTTP server needs at least one thread and backlog slot");
+  CASCADE_CHECK(config.read_timeout_s >= 1 && config.write_timeout_s >= 1 && config.request_timeout_s >= 1 &&
+                    config.keep_alive_s >= 1,
+                "the HTTP server's timeouts must be at least a second");
+  std::signal(SIGPIPE, SIG_IGN);
+  impl_ = std::make_unique<Impl>(api, std::move(config));
+  impl_->svr.set_payload_max_length(impl_->cfg.max_body);
+  impl_->route();
+  impl_->answer_errors();
 }
 
 HttpServer::~HttpServer() { stop(); }
@@ -426,17 +483,10 @@ int HttpServer::bind() {
 }
 
 void HttpServer::run() {
-  impl_->in_run = true;
-  if (!impl_->stopped) impl_->svr.listen_after_bind();
-  impl_->in_run = false;
+  BoundedPool pool(impl_->cfg.n_threads, impl_->cfg.backlog);
+  impl_->svr.accept_loop(pool);
 }
 
-void HttpServer::stop() {
-  impl_->stopped = true;
-  // run() may be between its check and the listener's start: wait for the listener (a moment) to stop it.
-  for (int i = 0; i < 1000 && impl_->in_run && !impl_->svr.is_running(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  if (impl_->svr.is_running()) impl_->svr.stop();
-}
+void HttpServer::stop() { impl_->svr.stop(); }
 
 }  // namespace cascade::server

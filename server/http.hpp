@@ -1,5 +1,6 @@
-// The HTTP layer (cpp-httplib): moves requests to Api::handle and its replies back, streaming a generation's
-// body as the engine produces it. A stream whose client has left (a write fails) cancels its request.
+// The HTTP layer: moves requests to Api::handle and its replies back, streaming a generation's body as the engine
+// produces it. A stream whose client has left (a write fails) cancels its request. The listener, the threads and
+// the connections are this layer's own; cpp-httplib reads each request and writes its answer (http.cpp).
 //
 // Connections are served by a fixed pool of threads with a bounded backlog: when every thread is busy and the
 // backlog is full, the listener stops accepting until a thread frees up (the kernel's queue holds the rest), so
@@ -26,6 +27,7 @@ struct HttpConfig {
   int backlog = 64;              // accepted connections waiting for a thread, at most
   size_t max_body = 4u << 20;    // bytes of a request body, at most (413 above)
   int read_timeout_s = 10;       // a wait for a request's next bytes ends after this (the request with it)
+  int write_timeout_s = 5;       // a wait to write to a client that reads nothing ends after this (the answer with it)
   int request_timeout_s = 30;    // a whole request (line, headers, body) must arrive within this of its first byte
   int keep_alive_s = 5;          // an idle keep-alive connection is closed after this
 };

@@ -120,7 +120,8 @@ void PrefixCache::drop_unstored(int seg) {
 
 void PrefixCache::release_node(int seg) {
   Node& nd = node(seg);
-  CASCADE_CHECK(nd.pins == 0 && nd.children.empty(), "prefix cache: releasing node ", seg, " that is pinned or has children");
+  CASCADE_CHECK(nd.pins == 0 && nd.children.empty(), "prefix cache: releasing node ", seg,
+                " that is pinned or has children");
   const int parent = cache_.parent(seg);
   children_of(parent).erase(nd.tokens.front());
   cache_.release(seg);
@@ -175,7 +176,8 @@ void PrefixCache::check() const {
       CASCADE_CHECK(cache_.parent(c) == parent, "prefix cache: node ", c, "'s segment has parent ", cache_.parent(c),
                     ", its radix parent is ", parent);
       const int64_t start = parent < 0 ? 0 : cache_.start(parent) + int64_t(nodes_[size_t(parent)].tokens.size());
-      CASCADE_CHECK(cache_.start(c) == start, "prefix cache: node ", c, " starts at ", cache_.start(c), ", not ", start);
+      CASCADE_CHECK(cache_.start(c) == start, "prefix cache: node ", c, " starts at ", cache_.start(c), ", not ",
+                    start);
     }
   };
   check_children(-1, roots_);
@@ -187,12 +189,14 @@ void PrefixCache::check() const {
     CASCADE_CHECK(stored(g) == length(g) || n.pins > 0, "prefix cache: node ", g, " is neither stored nor pinned");
     const int p = cache_.parent(g);
     CASCADE_CHECK(p < 0 || is_node(p), "prefix cache: node ", g, " hangs below segment ", p, ", not a node");
-    CASCADE_CHECK(p < 0 || nodes_[size_t(p)].pins >= n.pins, "prefix cache: node ", g, " has more pins than its parent");
+    CASCADE_CHECK(p < 0 || nodes_[size_t(p)].pins >= n.pins, "prefix cache: node ", g,
+                  " has more pins than its parent");
     CASCADE_CHECK(p < 0 || stored(p) == length(p) || stored(g) == 0,
                   "prefix cache: node ", g, " stores tokens below an incomplete parent");
     const auto& siblings = p < 0 ? roots_ : nodes_[size_t(p)].children;
     const auto it = siblings.find(n.tokens.front());
-    CASCADE_CHECK(it != siblings.end() && it->second == g, "prefix cache: node ", g, " is missing from its parent's children");
+    CASCADE_CHECK(it != siblings.end() && it->second == g, "prefix cache: node ", g,
+                  " is missing from its parent's children");
     check_children(g, n.children);
   }
 }

@@ -1,10 +1,12 @@
 // The K/V cache's layouts (kv_cache.hpp), without a model: a tree that changes while sequences run (segments
 // added, forked, split and released between steps, ids reused), every step's attention against the
-// reference over each sequence's own copy of its keys; the unified buffer built from a tree; bad steps.
+// reference over each sequence's own copy of its keys; each attention method's sequences (KvMethod) started,
+// decoded beside prefill rows and ended, and what they store against what the method declares; bad steps.
 #include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
 
 #include <doctest/doctest.h>
 
+#include <functional>
 #include <map>
 
 #include "attention_problem.hpp"
@@ -35,13 +37,17 @@ class Harness {
 
   int64_t row() const { return kRow; }
 
-  // One step: every sequence in `ids` appends n_rows[i] tokens; checks every layer's attention.
+  using Begin = std::function<void(const std::vector<KvCache::Entry>&)>;
+
+  // One step: every sequence in `ids` appends n_rows[i] tokens; checks every layer's attention. begin: how the
+  // step begins with its entries, in row order (c.begin_step when empty).
   void step(KvCache& c, const std::vector<int>& ids, std::map<int, Seq>& seqs, const std::vector<int64_t>& n_rows,
-            const std::vector<int>& entry_ids) {
+            const std::vector<int>& entry_ids, const Begin& begin = {}) {
     std::vector<KvCache::Entry> entries;
     for (size_t i = 0; i < ids.size(); ++i)
       entries.push_back({entry_ids[i], n_rows[i], seqs[ids[i]].n_tokens()});
-    c.begin_step(entries);
+    if (begin) begin(entries);
+    else c.begin_step(entries);
     const int64_t n = c.step_rows();
     for (int il = 0; il < n_layer_; ++il) {
       std::vector<float> k(size_t(n * row())), v(k.size()), q(size_t(n * shape_.n_q_heads * shape_.head_dim));
@@ -266,22 +272,92 @@ TEST_CASE("kv cache: split copies each prompt per sequence and frees the tree") 
   Rng rng(test::fresh_seed());
   const HeadShape shape = kShape;
   Harness h(rng, 2, shape);
-  auto tree = make_prefill_cache(AttnMethod::split, 2, shape, DType::f32);
+  const std::unique_ptr<KvMethod> c = KvMethod::make(AttnMethod::split, 2, shape, DType::f32, 2);
+  TreeCache& tree = c->tree();
   std::map<int, Seq> seqs;
   seqs[0].k.resize(2);
   seqs[0].v.resize(2);
-  const int root = tree->add_segment(-1);
-  h.step(*tree, {0}, seqs, {9}, {root});
-  const int a = tree->add_segment(root);
-  h.step(*tree, {0}, seqs, {4}, {a});
+  const int root = tree.add_segment(-1);
+  h.step(tree, {0}, seqs, {9}, {root});
+  const int a = tree.add_segment(root);
+  h.step(tree, {0}, seqs, {4}, {a});
   seqs[1] = seqs[0];
-  std::vector<int> seq_id;
-  const std::unique_ptr<KvCache> c = start_sequences(AttnMethod::split, std::move(tree), {a, a}, seq_id);
+  const std::vector<int> seq_id = c->start_after_prompts({a, a});
   CHECK(c->stored_tokens() == 2 * 13);
-  const auto& t = dynamic_cast<const TreeCache&>(*c);
-  CHECK_FALSE(t.live(root));
-  CHECK_FALSE(t.live(a));
+  CHECK_FALSE(tree.live(root));
+  CHECK_FALSE(tree.live(a));
   for (int step = 0; step < 3; ++step) h.step(*c, {0, 1}, seqs, {1, 1}, seq_id);
+}
+
+// A server's use of each method: prompts stay in the tree as a cache; sequences start from them in groups,
+// decode in the same steps as new prompt tokens are prefilled, and end one by one.
+TEST_CASE("kv method: each method's sequences decode beside prefill rows, store what it declares, and end") {
+  const uint64_t seed = test::fresh_seed();
+  INFO("CASCADE_TEST_SEED=" << seed);
+  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified, AttnMethod::auto_}) {
+    CAPTURE(attn_method_name(m));
+    Rng rng(seed);
+    const int n_layer = 2;
+    Harness h(rng, n_layer, kShape);
+    // auto with a made-up profile: what it regroups does not change what a row sees.
+    const std::unique_ptr<KvMethod> km = KvMethod::make(m, n_layer, kShape, DType::f32, 4, CostModel{});
+    TreeCache& tree = km->tree();
+    // Keys by name: P, the prompt of the first group (root + a); Q, the second (root + b); 0..3 the sequences.
+    std::map<int, Seq> seqs;
+    enum { P = 10, Q = 11 };
+    seqs[P].k.resize(n_layer);
+    seqs[P].v.resize(n_layer);
+    const auto prefill_only = [&](const std::vector<KvCache::Entry>& e) { km->begin_steps({}, e); };
+    const int root = tree.add_segment(-1);
+    const int64_t n_root = rng.uniform_int(5, 30), n_a = rng.uniform_int(1, 9);
+    h.step(*km, {P}, seqs, {n_root}, {root}, prefill_only);
+    seqs[Q] = seqs[P];
+    const int a = tree.add_segment(root);
+    h.step(*km, {P}, seqs, {n_a}, {a}, prefill_only);
+
+    // Two sequences after prompt P, room reserved for 6 tokens each: stored beside the tree, the copies the
+    // method declares (P's path once; P once per sequence).
+    const int64_t n_p = n_root + n_a;
+    const std::vector<int> g0 = km->start({a, a}, {6, false});
+    CHECK(km->stored_tokens() == n_p + KvMethod::copied_tokens(m, n_p, 2 * n_p));
+    CHECK(km->reads_tree() == (m == AttnMethod::cascade || m == AttnMethod::auto_));
+    seqs[0] = seqs[P];
+    seqs[1] = seqs[P];
+    std::vector<int> ids{g0[0], g0[1]};
+
+    // Steps: the two sequences' rows first, then prompt Q's rows prefilled into a new child of the root.
+    const int b = tree.add_segment(root);
+    const auto joined = [&](const std::vector<KvCache::Entry>& e) {
+      km->begin_steps({e.begin(), e.begin() + 2}, {e.begin() + 2, e.end()});
+    };
+    h.step(*km, {0, 1, Q}, seqs, {1, 1, 4}, {ids[0], ids[1], b}, joined);
+    h.step(*km, {0, 1, Q}, seqs, {1, 1, 1}, {ids[0], ids[1], b}, joined);
+    // One sequence after prompt Q, whose last segment is the caller's own: under cascade it continues there.
+    const std::vector<int> g1 = km->start({b}, {3, true});
+    if (km->reads_tree()) CHECK(g1[0] == b);
+    seqs[2] = seqs[Q];
+    ids.push_back(g1[0]);
+    std::vector<int> segs;
+    km->check_sequences(ids, segs);
+    CHECK(segs.size() == (m == AttnMethod::unified ? 0u : 3u));
+    for (int step = 0; step < 3; ++step) h.step(*km, {0, 1, 2}, seqs, {1, step == 1 ? 2 : 1, 1}, ids);
+
+    // The first sequence ends: its K/V goes (and no other's), the others keep decoding.
+    const int64_t before = km->stored_tokens();
+    km->end(ids[0]);
+    const int64_t own = seqs[0].n_tokens() - (km->reads_tree() ? n_p : 0);  // its own segment's tokens
+    if (m != AttnMethod::unified) CHECK(km->stored_tokens() == before - own);  // (unified drops keys later)
+    CHECK_THROWS_AS(km->check_sequences(ids, segs), Error);
+    seqs.erase(0);
+    ids.erase(ids.begin());
+    km->check_sequences(ids, segs);
+    for (int step = 0; step < 2; ++step) h.step(*km, {1, 2}, seqs, {1, 1}, ids);
+    // Under cascade the caller's own segment stays when its sequence ends: the caller releases it.
+    km->end(ids[1]);
+    CHECK(tree.live(b));
+    km->end(ids[0]);
+    km->check_sequences({}, segs);
+  }
 }
 
 TEST_CASE("kv cache: bad steps and bad changes are refused with an Error") {

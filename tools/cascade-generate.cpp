@@ -120,6 +120,21 @@ float parse_float(std::string_view flag, const std::string& s, double lo, double
   return float(v);
 }
 
+// -s: a number in [0, 2^64), or -1 for a random one.
+void parse_seed(const std::string& v, Options& o) {
+  if (v == "-1") {
+    o.random_seed = true;
+    return;
+  }
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long s = std::strtoull(v.c_str(), &end, 10);
+  CASCADE_CHECK(!v.empty() && v[0] != '-' && end == v.c_str() + v.size() && errno == 0, "invalid seed '", v,
+                "' (a number in [0, 2^64) or -1 for a random one)");
+  o.gen.sampling.seed = s;
+  o.random_seed = false;
+}
+
 // Returns nullopt when help was asked for.
 std::optional<Options> parse_args(int argc, char** argv) {
   Options o;
@@ -157,18 +172,7 @@ std::optional<Options> parse_args(int argc, char** argv) {
     } else if (a == "--min-p") {
       o.gen.sampling.min_p = parse_float(a, value(), 0, 1);
     } else if (a == "-s" || a == "--seed") {
-      const std::string v = value();
-      if (v == "-1") {
-        o.random_seed = true;
-      } else {
-        errno = 0;
-        char* end = nullptr;
-        const unsigned long long s = std::strtoull(v.c_str(), &end, 10);
-        CASCADE_CHECK(!v.empty() && v[0] != '-' && end == v.c_str() + v.size() && errno == 0, "invalid seed '", v,
-                      "' (a number in [0, 2^64) or -1 for a random one)");
-        o.gen.sampling.seed = s;
-        o.random_seed = false;
-      }
+      parse_seed(value(), o);
     } else if (a == "--attn") {
       o.gen.attn = cascade::parse_attn_method(value());
     } else if (a == "--cost-model") {
@@ -360,7 +364,8 @@ std::optional<cascade::CostModel> read_cost_model_file(const Options& o) {
                 cascade::attn_method_name(o.gen.attn), ")");
   std::error_code ec;
   const bool exists = std::filesystem::exists(path, ec);
-  if (exists) CASCADE_CHECK(std::filesystem::is_regular_file(path, ec), "cost model profile '", path, "' is not a file");
+  if (exists)
+    CASCADE_CHECK(std::filesystem::is_regular_file(path, ec), "cost model profile '", path, "' is not a file");
   if (exists && !o.recalibrate) return cascade::CostModel::load(path);
   {
     std::ofstream probe(path, std::ios::app);
@@ -565,7 +570,8 @@ void print_timings(const cascade::GenerateResult& r, const Profile& profile) {
                n_steps > 0 ? d.ms / n_steps : 0.0);
   std::fprintf(stderr, "attention        = %10.2f ms of decode (%.1f%% of each step on average), %.2f ms of prefill\n",
                d.attn_ms, 100 * d.attn_share, r.prompt_attn_ms);
-  std::fprintf(stderr, "attention plans  = %10.2f ms of decode (%.2f%% of each step), one plan per step for all layers\n",
+  std::fprintf(stderr,
+               "attention plans  = %10.2f ms of decode (%.2f%% of each step), one plan per step for all layers\n",
                d.plan_ms, 100 * d.plan_share);
   if (profile.source == Profile::Source::calibrated)
     std::fprintf(stderr, "auto calibration = %10.2f ms, once, before the prefill (%s)\n", profile.calibrate_ms,

@@ -258,7 +258,8 @@ int run(int argc, char** argv) {
   const bool clean = engine.drain(std::chrono::seconds(o.shutdown_s));
   http.stop();
   http_thread.join();
-  std::fprintf(stderr, "cascade-server: stopped (%s)\n", clean ? "every request finished" : "requests cut at the timeout");
+  std::fprintf(stderr, "cascade-server: stopped (%s)\n",
+               clean ? "every request finished" : "requests cut at the timeout");
   return 0;
 }
 

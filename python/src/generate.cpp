@@ -77,7 +77,8 @@ GenerateParams params_of(const GenerateArgs& a) {
   } catch (const Error& e) {
     value_error("attn: ", e.what());
   }
-  if (a.cost_model && p.attn != AttnMethod::auto_) value_error("cost_model: given with attn='", a.attn, "' (it is for 'auto')");
+  if (a.cost_model && p.attn != AttnMethod::auto_)
+    value_error("cost_model: given with attn='", a.attn, "' (it is for 'auto')");
   if (a.cost_model && a.recalibrate)
     value_error("recalibrate: given with a cost_model (there is nothing to measure)");
   if (a.recalibrate && p.attn != AttnMethod::auto_)
@@ -92,56 +93,50 @@ GenerateParams params_of(const GenerateArgs& a) {
   return p;
 }
 
-nb::dict generate_py(const PyModel& m, const GenerateArgs& a) {
-  if (a.prompts.empty()) value_error("prompts: no prompt given");
-  GenerateParams params = params_of(a);
-  std::vector<std::vector<int32_t>> prompts;
-  for (size_t p = 0; p < a.prompts.size(); ++p) {
-    if (a.prompts[p].empty()) value_error("prompts[", p, "]: the prompt is empty");
-    prompts.push_back(encode(m, a.prompts[p], a.chat));
-  }
-  const bool ignore_eos = a.ignore_eos;
-  const Tokenizer& tok = *m.tok;
-  GenerateResult r;
-  std::vector<std::string> texts;
-  // auto's profile, when the run needs one and none was given: the per-machine cache's (cpu/profile_cache.hpp),
-  // else calibrated now and kept there, as cascade-generate does. A problem with the cache is a note (a
-  // RuntimeWarning on the Python side), never an error.
-  const char* profile_source = params.cost_model ? "given" : nullptr;
-  std::string profile_path, profile_note;
+// auto's profile, when the run needs one and none was given: the per-machine cache's (cpu/profile_cache.hpp), else
+// calibrated now and kept there, as cascade-generate does. A problem with the cache is a note (a RuntimeWarning
+// on the Python side), never an error.
+struct Profile {
+  const char* source = nullptr;  // "given", "cache" or "calibrated"; nullptr: the run needs none
+  std::string path, note;
   double calibrate_ms = 0;
-  {
-    nb::gil_scoped_release release;
-    if (!params.cost_model && params.attn == AttnMethod::auto_ && prompts.size() * size_t(params.n_parallel) >= 2) {
-      cpu::ProfileCacheOptions opt;
-      opt.recalibrate = a.recalibrate;
-      const cpu::CachedProfile c = cpu::calibrate_cached(params.n_threads, m.model->hparams().head_shape(),
-                                                         params.kv_dtype, opt);
-      params.cost_model = c.model;
-      profile_source = c.source == cpu::CachedProfile::Source::cache ? "cache" : "calibrated";
-      profile_path = c.path.string();
-      profile_note = c.note;
-      calibrate_ms = c.calibrate_s * 1e3;
-    }
-    // After every prefill pass (at most batch_size tokens) and every decode step: take the GIL for a moment
-    // and let Python run its signal handlers; a KeyboardInterrupt (Ctrl-C) raised there unwinds generate() as
-    // a C++ exception and reaches the caller.
-    const auto check_signals = [] {
-      nb::gil_scoped_acquire acquire;
-      if (PyErr_CheckSignals() != 0) throw nb::python_error();
-    };
-    const auto on_step = [&](int, const StepStat&) { check_signals(); };
-    const auto on_prefill = [&](int64_t, int64_t) { check_signals(); };
-    r = generate(*m.model, prompts, params, [&](int32_t id) { return !ignore_eos && tok.is_eog(id); }, on_step, {},
-                 on_prefill);
-    for (const SequenceResult& sq : r.sequences) texts.push_back(tok.decode(sq.tokens, false));
-  }
-  nb::list seqs_tokens, seqs_prompt, seqs_stop, step_ms, step_attn_ms, step_plan_ms;
-  for (const SequenceResult& sq : r.sequences) {
-    seqs_tokens.append(nb::cast(sq.tokens));
-    seqs_prompt.append(sq.prompt);
-    seqs_stop.append(sq.stop);
-  }
+};
+
+// Sets params.cost_model where the run needs one. Runs without the GIL.
+Profile find_profile(const PyModel& m, const GenerateArgs& a, size_t n_prompts, GenerateParams& params) {
+  Profile prof;
+  if (params.cost_model) prof.source = "given";
+  if (params.cost_model || params.attn != AttnMethod::auto_ || n_prompts * size_t(params.n_parallel) < 2) return prof;
+  cpu::ProfileCacheOptions opt;
+  opt.recalibrate = a.recalibrate;
+  const cpu::CachedProfile c =
+      cpu::calibrate_cached(params.n_threads, m.model->hparams().head_shape(), params.kv_dtype, opt);
+  params.cost_model = c.model;
+  prof.source = c.source == cpu::CachedProfile::Source::cache ? "cache" : "calibrated";
+  prof.path = c.path.string();
+  prof.note = c.note;
+  prof.calibrate_ms = c.calibrate_s * 1e3;
+  return prof;
+}
+
+// generate() without the GIL. After every prefill pass (at most batch_size tokens) and every decode step it takes
+// the GIL for a moment and lets Python run its signal handlers; a KeyboardInterrupt (Ctrl-C) raised there unwinds
+// generate() as a C++ exception and reaches the caller.
+GenerateResult run_generate(const PyModel& m, const std::vector<std::vector<int32_t>>& prompts,
+                            const GenerateParams& params, bool ignore_eos) {
+  const auto check_signals = [] {
+    nb::gil_scoped_acquire acquire;
+    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+  };
+  const auto on_step = [&](int, const StepStat&) { check_signals(); };
+  const auto on_prefill = [&](int64_t, int64_t) { check_signals(); };
+  const Tokenizer& tok = *m.tok;
+  return generate(*m.model, prompts, params, [&](int32_t id) { return !ignore_eos && tok.is_eog(id); }, on_step, {},
+                  on_prefill);
+}
+
+nb::dict timings_of(const GenerateResult& r, double calibrate_ms) {
+  nb::list step_ms, step_attn_ms, step_plan_ms;
   double decode_ms = 0, attn_ms = 0, plan_ms = 0;
   for (const StepStat& st : r.steps) {
     step_ms.append(st.ms);
@@ -162,24 +157,55 @@ nb::dict generate_py(const PyModel& m, const GenerateArgs& a) {
   timings["step_ms"] = step_ms;
   timings["step_attn_ms"] = step_attn_ms;
   timings["step_plan_ms"] = step_plan_ms;
+  return timings;
+}
+
+nb::dict result_of(const GenerateResult& r, const std::vector<std::string>& texts, uint64_t seed,
+                   const Profile& prof) {
+  nb::list seqs_tokens, seqs_prompt, seqs_stop;
+  for (const SequenceResult& sq : r.sequences) {
+    seqs_tokens.append(nb::cast(sq.tokens));
+    seqs_prompt.append(sq.prompt);
+    seqs_stop.append(sq.stop);
+  }
   nb::dict d;
   d["texts"] = nb::cast(texts);
   d["tokens"] = seqs_tokens;
   d["prompt"] = seqs_prompt;
   d["stop"] = seqs_stop;
-  d["timings"] = timings;
+  d["timings"] = timings_of(r, prof.calibrate_ms);
   d["n_prompt_tokens"] = r.n_prompt_tokens;
   d["n_prompt_stored"] = r.n_prompt_stored;
   d["n_decode_tokens"] = r.n_decode_tokens;
   d["n_ctx"] = r.n_ctx;
   d["kv_tokens"] = r.kv_tokens;
   d["kv_bytes"] = r.kv_bytes;
-  d["seed"] = params.sampling.seed;
+  d["seed"] = seed;
   d["cost_model"] = r.cost_model ? nb::cast(*r.cost_model) : nb::none();
-  d["profile_source"] = profile_source ? nb::cast(std::string(profile_source)) : nb::none();
-  d["profile_path"] = profile_path.empty() ? nb::none() : nb::cast(profile_path);
-  d["profile_note"] = profile_note;
+  d["profile_source"] = prof.source ? nb::cast(std::string(prof.source)) : nb::none();
+  d["profile_path"] = prof.path.empty() ? nb::none() : nb::cast(prof.path);
+  d["profile_note"] = prof.note;
   return d;
+}
+
+nb::dict generate_py(const PyModel& m, const GenerateArgs& a) {
+  if (a.prompts.empty()) value_error("prompts: no prompt given");
+  GenerateParams params = params_of(a);
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t p = 0; p < a.prompts.size(); ++p) {
+    if (a.prompts[p].empty()) value_error("prompts[", p, "]: the prompt is empty");
+    prompts.push_back(encode(m, a.prompts[p], a.chat));
+  }
+  GenerateResult r;
+  std::vector<std::string> texts;
+  Profile prof;
+  {
+    nb::gil_scoped_release release;
+    prof = find_profile(m, a, prompts.size(), params);
+    r = run_generate(m, prompts, params, a.ignore_eos);
+    for (const SequenceResult& sq : r.sequences) texts.push_back(m.tok->decode(sq.tokens, false));
+  }
+  return result_of(r, texts, params.sampling.seed, prof);
 }
 
 }  // namespace
