@@ -70,35 +70,42 @@ void dispatch_head_dim(int d, F&& f) {
 
 namespace kernel {
 
+// The operands of one m16n8k16 tensor-core product c += a b: c four f32 accumulators, a four registers and b
+// two of T pairs (the PTX fragment layouts).
+#define CASCADE_MMA_OPERANDS(c, a, b0, b1)                 \
+  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])         \
+  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1)
+#define CASCADE_MMA_REGS " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+
+// What the kernel needs of its K/V type T: f32 -> T rounding to nearest, alone and in pairs, and the product.
 template <class T> struct Mma;
 template <> struct Mma<__half> {
-  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
   __device__ __forceinline__ static __half from_float(float x) { return __float2half_rn(x); }
+  __device__ __forceinline__ static __half2 from_floats(float lo, float hi) { return __floats2half2_rn(lo, hi); }
   __device__ __forceinline__ static void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" CASCADE_MMA_REGS
+                 CASCADE_MMA_OPERANDS(c, a, b0, b1));
   }
 };
 template <> struct Mma<__nv_bfloat16> {
-  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
   __device__ __forceinline__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+  __device__ __forceinline__ static __nv_bfloat162 from_floats(float lo, float hi) {
+    return __floats2bfloat162_rn(lo, hi);
+  }
   __device__ __forceinline__ static void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" CASCADE_MMA_REGS
+                 CASCADE_MMA_OPERANDS(c, a, b0, b1));
   }
 };
+#undef CASCADE_MMA_REGS
+#undef CASCADE_MMA_OPERANDS
+
+// Two f32 rounded to T, lo in the low half: one register of an A operand.
+template <class T>
+__device__ __forceinline__ uint32_t pack(float lo, float hi) {
+  const auto h = Mma<T>::from_floats(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return uint32_t(__cvta_generic_to_shared(p));
@@ -336,10 +343,10 @@ __global__ void __launch_bounds__(Shape<D, Cfg>::kThreads)
 #pragma unroll
     for (int kt = 0; kt < NW / 16; ++kt) {
       uint32_t pa[4];
-      pa[0] = Mma<T>::pack(s[2 * kt][0], s[2 * kt][1]);
-      pa[1] = Mma<T>::pack(s[2 * kt][2], s[2 * kt][3]);
-      pa[2] = Mma<T>::pack(s[2 * kt + 1][0], s[2 * kt + 1][1]);
-      pa[3] = Mma<T>::pack(s[2 * kt + 1][2], s[2 * kt + 1][3]);
+      pa[0] = pack<T>(s[2 * kt][0], s[2 * kt][1]);
+      pa[1] = pack<T>(s[2 * kt][2], s[2 * kt][3]);
+      pa[2] = pack<T>(s[2 * kt + 1][0], s[2 * kt + 1][1]);
+      pa[3] = pack<T>(s[2 * kt + 1][2], s[2 * kt + 1][3]);
       const int mi = lane >> 3;
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
