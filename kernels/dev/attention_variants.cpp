@@ -196,14 +196,18 @@ std::vector<Variant> variants(const Problem& p) {
   v.push_back({"AVX-512 tiled 32x8, bf16 products", b ? typed<Avx512Bf16Tile<2, 8>::K>(p) : Run{}, true, bf16});
   v.push_back({"AVX2 tiled 8x12", typed<Avx2Tile<1, 12>::K>(p), false, avx2});
   v.push_back({"AVX2 tiled 16x4", typed<Avx2Tile<2, 4>::K>(p), false, avx2});
-  v.push_back({"AVX-512 few-rows, scores 8x2", typed<Avx512Few<8, 2>::K>(p), false, avx512 && p.dim % 16 == 0});
-  v.push_back({"AVX2 few-rows, scores 4x2", typed<Avx2Few<4, 2>::K>(p), false, avx2 && p.dim % 8 == 0});
+  // The few-rows alternatives run the kernel templates directly, which take at most kFewRows rows (production
+  // hands more to the tiled kernel).
+  const bool few = p.rows <= kFewRows;
+  v.push_back({"AVX-512 few-rows, scores 8x2", typed<Avx512Few<8, 2>::K>(p), false,
+               few && avx512 && p.dim % 16 == 0});
+  v.push_back({"AVX2 few-rows, scores 4x2", typed<Avx2Few<4, 2>::K>(p), false, few && avx2 && p.dim % 8 == 0});
   v.push_back({"AVX-512 few-rows, no software prefetch", typed<Avx512Few<4, 4, false>::K>(p), false,
-               avx512 && p.dim % 16 == 0});
+               few && avx512 && p.dim % 16 == 0});
   v.push_back({"AVX2 few-rows, no software prefetch", typed<Avx2Few<2, 4, false>::K>(p), false,
-               avx2 && p.dim % 8 == 0});
+               few && avx2 && p.dim % 8 == 0});
   v.push_back({"AVX-512 few-rows, scores head by head over a whole tile",
-               typed<Avx512Few<4, 4, true, avx512::kFewTile>::K>(p), false, avx512 && p.dim % 16 == 0});
+               typed<Avx512Few<4, 4, true, avx512::kFewTile>::K>(p), false, few && avx512 && p.dim % 16 == 0});
   v.push_back({"AVX-512 tiled, bf16 products on AMX tiles", production(Isa::avx512, false, true, true), true,
                bf16 && amx_usable() && p.dim % 32 == 0, true});
   v.push_back({"AVX-512 few-rows, bf16 products on vdpbf16ps", production(Isa::avx512, true, true), true,
@@ -361,7 +365,8 @@ int main(int argc, char** argv) {
   const auto all = variants(p);
   if (opt.which < 1 || opt.which > int(all.size())) die("VARIANT must be 1.." + std::to_string(all.size()));
   const Variant& var = all[size_t(opt.which - 1)];
-  if (!var.available || !var.run) die(std::string(var.name) + ": not available for this CPU, dtype or head dim");
+  if (!var.available || !var.run)
+    die(std::string(var.name) + ": not available for this CPU, dtype, head dim or row count");
   if (var.bf16_products)  // bf16 products round q: give them bf16 queries, as a bf16 model would
     for (float& x : p.q) x = float(bf16(x));
 
