@@ -14,9 +14,9 @@
 // Masks: a plan pass shows row r the pass's first rows[r].limit tokens (causal, and empty rows); the unified
 // baseline shows key j to row r when j belongs to r's sequence and key_pos[j] <= r's position.
 //
-// The kernel's steps, named as FlashInfer's prefill kernel has them: load_q, then per tile load_kv_tile (the
-// next stage), compute_scores, mask_scores, update_state (online softmax), accumulate_pv; then the normalize
-// and write, write_rows (one warp per row block) or merge_warps_and_write (warps split the tokens).
+// The kernel's steps, in the shape of FlashInfer's prefill kernel (scores, state update, P V, normalize):
+// load_q; per tile load_kv_tile (the next stage), compute_scores, mask_scores, update_state (online softmax),
+// accumulate_pv; then write_rows (a warp holds whole rows) or merge_warps_and_write (the warps split the tokens).
 #pragma once
 
 #include <cuda_runtime.h>
