@@ -175,6 +175,182 @@ std::vector<std::vector<double>> time_interleaved(const Args& a, bench::CacheFlu
   return ms;
 }
 
+// The machine's limits at one thread count, measured once and shared by every row of that count.
+struct Limits {
+  double bw = 0, bf16 = 0, amx = 0;     // bytes/s; bf16 dot-product and AMX tile FLOP/s (0: none)
+  std::map<cascade::Isa, double> fma;  // f32 FMA FLOP/s with each tier's vectors
+};
+
+// Measures them with thr threads (the f32 FMA peak on each of `isas`) and says what it found on stderr.
+Limits measure_limits(int thr, const std::vector<cascade::Isa>& isas) {
+  Limits l;
+  l.bw = bench::measure_read_bandwidth(thr);
+  l.bf16 = bench::measure_bf16_peak(thr);
+  l.amx = bench::measure_amx_peak(thr);
+  std::string fmas;
+  for (cascade::Isa isa : isas) {
+    l.fma[isa] = bench::measure_fma_peak(thr, isa);
+    fmas += std::string(fmas.empty() ? "" : ", ") + cascade::isa_name(isa) + " " + fmt(l.fma[isa] / 1e9, 1);
+  }
+  std::fprintf(stderr,
+               "machine, %d threads: read bandwidth %.1f GB/s, f32 FMA peak (%s) GFLOP/s, bf16 dot-product peak "
+               "%.1f GFLOP/s, AMX bf16 tile peak %.1f GFLOP/s; Eigen's f32 matrix multiply %.1f GFLOP/s\n",
+               thr, l.bw / 1e9, fmas.c_str(), l.bf16 / 1e9, l.amx / 1e9,
+               bench::measure_gemm_rate(thr, 256, 256, 256) / 1e9);
+  return l;
+}
+
+using CostModels = std::map<std::pair<int, cascade::Isa>, cascade::CostModel>;  // (threads, tier) -> auto's model
+
+// One point of the sweep (K/V type, B, P, t at one thread count): its problem, and every method on every tier
+// set up (layouts, plans) before any is timed, so that they are timed together: each run is one layer's
+// attention with the step's plan made beforehand (under its tier), as a model runs it. rows_[k] is the row
+// runs_[k] fills.
+class Point {
+ public:
+  Point(const Args& a, int thr, const Limits& lim, DType dt, int64_t B, int64_t P, int64_t t, std::mt19937& rng)
+      : a_(a), lim_(lim), prob_(make_problem(a.shape, dt, B, P, t, rng)), opt_{thr} {
+    const HeadShape& sh = a.shape;
+    kv_token_bytes_ = 2.0 * sh.n_kv_heads * sh.head_dim * cascade::dtype_size(dt);
+    qo_bytes_ = 2.0 * B * sh.n_q_heads * sh.head_dim * 4;
+    base_.batch = B;
+    base_.prefix = P;
+    base_.suffix = t;
+    base_.shape = sh;
+    base_.dtype = dt;
+    base_.threads = thr;
+    base_.min_bytes = kv_token_bytes_ * double(P + B * t) + qo_bytes_;
+    base_.min_flops = 4.0 * B * sh.n_q_heads * double(P + t) * sh.head_dim;
+    base_.bw_ms = 1e3 * base_.min_bytes / lim.bw;
+    base_.bw_gbs = lim.bw / 1e9;
+    o_.resize(prob_->q.size());
+    opt_.kv_dtype = dt;
+  }
+
+  // Sets up method m on every tier of --isa.
+  void add_method(const std::string& m, CostModels& models) {
+    if (m == "split")
+      splits_.push_back(std::make_unique<cascade::SplitLayout>(cascade::make_split(prob_->tree, prob_->views)));
+    if (m == "unified")
+      unifieds_.push_back(std::make_unique<cascade::UnifiedLayout>(cascade::make_unified(prob_->tree, prob_->views)));
+    for (cascade::Isa isa : a_.isas) {
+      const cascade::IsaLimit isa_limit(isa);
+      Row r = tier_row(m, isa);
+      if (m == "cascade") {
+        r.bytes_read = base_.min_bytes;
+        add_run(plan(prob_->tree, opt_, r), &prob_->views, isa);
+      } else if (m == "auto") {
+        add_auto(r, isa, models);
+      } else if (m == "split") {
+        r.bytes_read = kv_token_bytes_ * double(base_.batch) * double(base_.prefix + base_.suffix) + qo_bytes_;
+        add_run(plan(splits_.back()->tree, opt_, r), &splits_.back()->views, isa);
+      } else {
+        r.bytes_read = base_.min_bytes;
+        add_unified(r, isa);
+      }
+      rows_.push_back(r);
+    }
+  }
+
+  // Times every run set up, interleaved, and appends their rows to `out` (a line each on stderr).
+  void time(bench::CacheFlusher* flusher, std::vector<Row>& out) {
+    const auto ms = time_interleaved(a_, flusher, runs_);
+    for (size_t k = 0; k < rows_.size(); ++k) {
+      Row& r = rows_[k];
+      fill_stats(r, ms[k]);
+      out.push_back(r);
+      std::fprintf(stderr, "  %-7s %-11s B=%lld P=%lld t=%lld %s thr=%d: %.3f ms\n", r.method.c_str(),
+                   r.path.c_str(), (long long)r.batch, (long long)r.prefix, (long long)r.suffix,
+                   cascade::dtype_name(r.dtype), r.threads, r.median_ms);
+    }
+  }
+
+ private:
+  // Method m's row on tier isa, before timing: the kernels' path and the limits it is held to.
+  Row tier_row(const std::string& m, cascade::Isa isa) const {
+    Row r = base_;
+    r.method = m;
+    // bf16 products where the tiled kernel takes them (kernel.hpp): their rate is the limit, the
+    // AMX tiles' where it runs on those (every FLOP priced at it, the per-sequence pass's too).
+    const cascade::Products bk =
+        cascade::cpu::choose_kernel(cascade::KernelShape::tiled, r.dtype, a_.shape.head_dim,
+                                    cascade::cpu::KernelOptions::process())
+            .products;
+    const double bk_rate = bk == cascade::Products::amx_bf16   ? lim_.amx
+                           : bk == cascade::Products::bf16_dot ? lim_.bf16
+                                                               : 0.0;
+    const double peak = bk_rate > 0 ? bk_rate : lim_.fma.at(isa);
+    r.path = std::string(cascade::isa_name(isa)) + (bk == cascade::Products::amx_bf16   ? "+amx"
+                                                    : bk == cascade::Products::bf16_dot ? "+bf16"
+                                                                                        : "");
+    r.flop_ms = 1e3 * base_.min_flops / peak;
+    r.limit_ms = std::max(r.bw_ms, r.flop_ms);
+    r.peak_gflops = peak / 1e9;
+    return r;
+  }
+
+  // The plan of `tree` under opt (made under the row's tier: the kernels are chosen then), named in r.
+  const cascade::Plan* plan(const cascade::Tree& tree, const cascade::cpu::Options& opt, Row& r) {
+    plans_.push_back(std::make_unique<cascade::Plan>(cascade::cpu::plan(tree, opt)));
+    r.kernels = cascade::cpu::kernel_names(*plans_.back(), r.dtype);
+    return plans_.back().get();
+  }
+
+  void add_run(const cascade::Plan* plan, const std::vector<cascade::KvView>* views, cascade::Isa isa) {
+    runs_.push_back([this, plan, views, isa] {
+      const cascade::IsaLimit run_limit(isa);
+      cascade::cpu::run(*plan, *views, prob_->q.data(), o_.data());
+    });
+  }
+
+  // auto: the plan of the cost model calibrated once per (threads, tier); what it chose on stderr. Folding the
+  // prefix into the sequences reads it once per sequence.
+  void add_auto(Row& r, cascade::Isa isa, CostModels& models) {
+    const int thr = base_.threads;
+    if (!models.count({thr, isa})) models[{thr, isa}] = cascade::calibrate(thr, a_.shape);
+    cascade::cpu::Options auto_opt = opt_;
+    auto_opt.cost_model = &models[{thr, isa}];
+    const cascade::Plan* p = plan(prob_->tree, auto_opt, r);
+    const cascade::AutoChoice& why = *p->choice();
+    const int folded = int(std::count_if(why.segments.begin(), why.segments.end(),
+                                         [](const cascade::SegmentChoice& c) { return !c.shared; }));
+    r.bytes_read = base_.min_bytes + (why.segments.empty() || why.segments[0].shared
+                                          ? 0.0
+                                          : kv_token_bytes_ * double(base_.batch - 1) * double(base_.prefix));
+    std::fprintf(stderr, "  auto %s: %s (%d of %d segments folded; predicted %.3f ms, tree %.3f ms)\n",
+                 r.path.c_str(), why.changed ? "regrouped" : "the tree as given", folded, int(why.segments.size()),
+                 1e3 * why.chosen_s, 1e3 * why.tree_s);
+    add_run(p, &prob_->views, isa);
+  }
+
+  void add_unified(Row& r, cascade::Isa isa) {
+    const cascade::UnifiedLayout* uni = unifieds_.back().get();
+    unified_plans_.push_back(std::make_unique<cascade::cpu::UnifiedPlan>(cascade::cpu::plan_unified(
+        a_.shape, uni->batch.kv.n_tokens, uni->batch.n_rows, opt_, prob_->tree.scale())));
+    const cascade::cpu::UnifiedPlan* up = unified_plans_.back().get();
+    r.kernels = cascade::cpu::kernel_name(up->target, up->schedule.passes.empty() ? 0 : up->schedule.passes[0].kernel,
+                                          r.dtype);
+    runs_.push_back([this, uni, up, isa] {
+      const cascade::IsaLimit run_limit(isa);
+      cascade::cpu::run_unified(*up, uni->batch, prob_->q.data(), o_.data());
+    });
+  }
+
+  const Args& a_;
+  const Limits& lim_;
+  std::unique_ptr<Problem> prob_;
+  cascade::cpu::Options opt_;
+  double kv_token_bytes_ = 0, qo_bytes_ = 0;
+  Row base_{};
+  std::vector<float> o_;
+  std::vector<Row> rows_;
+  std::vector<std::function<void()>> runs_;
+  std::vector<std::unique_ptr<cascade::SplitLayout>> splits_;
+  std::vector<std::unique_ptr<cascade::UnifiedLayout>> unifieds_;
+  std::vector<std::unique_ptr<cascade::Plan>> plans_;
+  std::vector<std::unique_ptr<cascade::cpu::UnifiedPlan>> unified_plans_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -183,12 +359,8 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   std::unique_ptr<bench::CacheFlusher> flusher;
   if (a.flush) flusher = std::make_unique<bench::CacheFlusher>();
-  struct Limits {
-    double bw = 0, bf16 = 0, amx = 0;     // bytes/s; bf16 dot-product and AMX tile FLOP/s (0: none)
-    std::map<cascade::Isa, double> fma;  // f32 FMA FLOP/s with each tier's vectors
-  };
-  std::map<int, Limits> limits;                                       // threads -> the machine's limits
-  std::map<std::pair<int, cascade::Isa>, cascade::CostModel> models;  // (threads, tier) -> auto's cost model
+  std::map<int, Limits> limits;  // threads -> the machine's limits
+  CostModels models;
   std::optional<cascade::cpu::Bf16Products> products;
   if (a.bf16_products >= 0) products.emplace(a.bf16_products == 1);
   std::optional<cascade::cpu::AmxTiles> tiles;
@@ -197,132 +369,14 @@ int main(int argc, char** argv) {
     for (int thr_req : a.threads) {
       const int thr = thr_req > 0 ? std::min(thr_req, tbb::info::default_concurrency())
                                   : tbb::info::default_concurrency();
-      if (!limits.count(thr)) {
-        Limits& l = limits[thr];
-        l.bw = bench::measure_read_bandwidth(thr);
-        l.bf16 = bench::measure_bf16_peak(thr);
-        l.amx = bench::measure_amx_peak(thr);
-        std::string fmas;
-        for (cascade::Isa isa : a.isas) {
-          l.fma[isa] = bench::measure_fma_peak(thr, isa);
-          fmas += std::string(fmas.empty() ? "" : ", ") + cascade::isa_name(isa) + " " + fmt(l.fma[isa] / 1e9, 1);
-        }
-        std::fprintf(stderr,
-                     "machine, %d threads: read bandwidth %.1f GB/s, f32 FMA peak (%s) GFLOP/s, bf16 dot-product peak "
-                     "%.1f GFLOP/s, AMX bf16 tile peak %.1f GFLOP/s; Eigen's f32 matrix multiply %.1f GFLOP/s\n",
-                     thr, l.bw / 1e9, fmas.c_str(), l.bf16 / 1e9, l.amx / 1e9,
-                     bench::measure_gemm_rate(thr, 256, 256, 256) / 1e9);
-      }
-      const Limits& lim = limits[thr];
+      if (!limits.count(thr)) limits[thr] = measure_limits(thr, a.isas);
       for (DType dt : a.dtypes)
         for (int64_t B : a.batch)
           for (int64_t P : a.prefix)
             for (int64_t t : a.suffix) {
-              auto prob = make_problem(a.shape, dt, B, P, t, rng);
-              const HeadShape& sh = a.shape;
-              const double kv_token_bytes = 2.0 * sh.n_kv_heads * sh.head_dim * cascade::dtype_size(dt);
-              const double qo_bytes = 2.0 * B * sh.n_q_heads * sh.head_dim * 4;
-              Row base{};
-              base.batch = B;
-              base.prefix = P;
-              base.suffix = t;
-              base.shape = sh;
-              base.dtype = dt;
-              base.threads = thr;
-              base.min_bytes = kv_token_bytes * double(P + B * t) + qo_bytes;
-              base.min_flops = 4.0 * B * sh.n_q_heads * double(P + t) * sh.head_dim;
-              base.bw_ms = 1e3 * base.min_bytes / lim.bw;
-              base.bw_gbs = lim.bw / 1e9;
-              std::vector<float> o(prob->q.size());
-              cascade::cpu::Options opt{thr};
-              opt.kv_dtype = dt;
-              // Set every method up first (layouts, plans) on every tier, then time them together: each run is
-              // one layer's attention with the step's plan made beforehand (under its tier), as a model runs it.
-              std::vector<Row> mrows;
-              std::vector<std::function<void()>> runs;
-              std::vector<std::unique_ptr<cascade::SplitLayout>> splits;
-              std::vector<std::unique_ptr<cascade::UnifiedLayout>> unifieds;
-              std::vector<std::unique_ptr<cascade::Plan>> plans;
-              std::vector<std::unique_ptr<cascade::cpu::UnifiedPlan>> unified_plans;
-              for (const std::string& m : a.methods) {
-                if (m == "split")
-                  splits.push_back(
-                      std::make_unique<cascade::SplitLayout>(cascade::make_split(prob->tree, prob->views)));
-                if (m == "unified")
-                  unifieds.push_back(
-                      std::make_unique<cascade::UnifiedLayout>(cascade::make_unified(prob->tree, prob->views)));
-                for (cascade::Isa isa : a.isas) {
-                  const cascade::IsaLimit isa_limit(isa);
-                  Row r = base;
-                  r.method = m;
-                  // bf16 products where the tiled kernel takes them (kernel.hpp): their rate is the limit, the
-                  // AMX tiles' where it runs on those (every FLOP priced at it, the per-sequence pass's too).
-                  const cascade::Products bk =
-                      cascade::cpu::choose_kernel(cascade::KernelShape::tiled, dt, a.shape.head_dim,
-                                                  cascade::cpu::KernelOptions::process())
-                          .products;
-                  const double bk_rate = bk == cascade::Products::amx_bf16   ? lim.amx
-                                         : bk == cascade::Products::bf16_dot ? lim.bf16
-                                                                             : 0.0;
-                  const double peak = bk_rate > 0 ? bk_rate : lim.fma.at(isa);
-                  r.path = std::string(cascade::isa_name(isa)) + (bk == cascade::Products::amx_bf16   ? "+amx"
-                                                                  : bk == cascade::Products::bf16_dot ? "+bf16"
-                                                                                                      : "");
-                  r.flop_ms = 1e3 * base.min_flops / peak;
-                  r.limit_ms = std::max(r.bw_ms, r.flop_ms);
-                  r.peak_gflops = peak / 1e9;
-                  const std::vector<cascade::KvView>* views = &prob->views;
-                  if (m == "cascade") {
-                    r.bytes_read = base.min_bytes;
-                    plans.push_back(std::make_unique<cascade::Plan>(cascade::cpu::plan(prob->tree, opt)));
-                  } else if (m == "auto") {
-                    if (!models.count({thr, isa})) models[{thr, isa}] = cascade::calibrate(thr, a.shape);
-                    cascade::cpu::Options auto_opt = opt;
-                    auto_opt.cost_model = &models[{thr, isa}];
-                    plans.push_back(std::make_unique<cascade::Plan>(cascade::cpu::plan(prob->tree, auto_opt)));
-                    const cascade::AutoChoice& why = *plans.back()->choice();
-                    const int folded = int(std::count_if(why.segments.begin(), why.segments.end(),
-                                                         [](const cascade::SegmentChoice& c) { return !c.shared; }));
-                    r.bytes_read = base.min_bytes + (why.segments.empty() || why.segments[0].shared
-                                                         ? 0.0
-                                                         : kv_token_bytes * double(B - 1) * double(P));
-                    std::fprintf(stderr, "  auto %s: %s (%d of %d segments folded; predicted %.3f ms, tree %.3f ms)\n",
-                                 r.path.c_str(), why.changed ? "regrouped" : "the tree as given", folded,
-                                 int(why.segments.size()), 1e3 * why.chosen_s, 1e3 * why.tree_s);
-                  } else if (m == "split") {
-                    r.bytes_read = kv_token_bytes * double(B) * double(P + t) + qo_bytes;
-                    views = &splits.back()->views;
-                    plans.push_back(std::make_unique<cascade::Plan>(cascade::cpu::plan(splits.back()->tree, opt)));
-                  } else {
-                    r.bytes_read = base.min_bytes;
-                    const cascade::UnifiedLayout* uni = unifieds.back().get();
-                    unified_plans.push_back(std::make_unique<cascade::cpu::UnifiedPlan>(cascade::cpu::plan_unified(
-                        sh, uni->batch.kv.n_tokens, uni->batch.n_rows, opt, prob->tree.scale())));
-                    const cascade::cpu::UnifiedPlan* up = unified_plans.back().get();
-                    runs.push_back([&, uni, up, isa] {
-                      const cascade::IsaLimit run_limit(isa);
-                      cascade::cpu::run_unified(*up, uni->batch, prob->q.data(), o.data());
-                    });
-                  }
-                  if (m != "unified") {
-                    const cascade::Plan* plan = plans.back().get();
-                    runs.push_back([&, plan, views, isa] {
-                      const cascade::IsaLimit run_limit(isa);
-                      cascade::cpu::run(*plan, *views, prob->q.data(), o.data());
-                    });
-                  }
-                  mrows.push_back(r);
-                }
-              }
-              const auto ms = time_interleaved(a, flusher.get(), runs);
-              for (size_t k = 0; k < mrows.size(); ++k) {
-                Row& r = mrows[k];
-                fill_stats(r, ms[k]);
-                rows.push_back(r);
-                std::fprintf(stderr, "  %-7s %-11s B=%lld P=%lld t=%lld %s thr=%d: %.3f ms\n", r.method.c_str(),
-                             r.path.c_str(), (long long)B, (long long)P, (long long)t, cascade::dtype_name(dt), thr,
-                             r.median_ms);
-              }
+              Point point(a, thr, limits[thr], dt, B, P, t, rng);
+              for (const std::string& m : a.methods) point.add_method(m, models);
+              point.time(flusher.get(), rows);
             }
     }
   } catch (const std::exception& e) {

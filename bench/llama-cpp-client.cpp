@@ -98,38 +98,39 @@ struct Batch {
   }
 };
 
-int run(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+// The prompt file's first line (without a trailing CR); an empty one is an error.
+std::string read_prompt(const std::string& file) {
   std::string prompt;
-  {
-    std::ifstream in(o.prompt_file, std::ios::binary);
-    if (!in) fail("cannot open prompt file '" + o.prompt_file + "'");
-    std::getline(in, prompt);
-    if (!prompt.empty() && prompt.back() == '\r') prompt.pop_back();
-    if (prompt.empty()) fail("prompt file '" + o.prompt_file + "' starts with an empty line");
-  }
-  llama_log_set(quiet, nullptr);
-  llama_backend_init();
-  llama_model_params mp = llama_model_default_params();
-  mp.n_gpu_layers = 0;
-  llama_model* model = llama_model_load_from_file(o.model.c_str(), mp);
-  if (!model) fail("cannot load model '" + o.model + "'");
-  const llama_vocab* vocab = llama_model_get_vocab(model);
+  std::ifstream in(file, std::ios::binary);
+  if (!in) fail("cannot open prompt file '" + file + "'");
+  std::getline(in, prompt);
+  if (!prompt.empty() && prompt.back() == '\r') prompt.pop_back();
+  if (prompt.empty()) fail("prompt file '" + file + "' starts with an empty line");
+  return prompt;
+}
+
+std::vector<llama_token> tokenize(const llama_vocab* vocab, const std::string& prompt) {
   std::vector<llama_token> ids(prompt.size() + 8);
   const int n_ids = llama_tokenize(vocab, prompt.data(), int32_t(prompt.size()), ids.data(), int32_t(ids.size()),
                                    /*add_special=*/true, /*parse_special=*/false);
   if (n_ids <= 0) fail("the prompt gives no tokens");
   ids.resize(size_t(n_ids));
+  return ids;
+}
 
-  const int np = o.n_parallel, n_prompt = n_ids;
-  // Unified: the prompt's cells are shared by every sequence. Streams: each stream holds its own copy.
-  const int n_ctx = o.kv_unified ? n_prompt + np * o.n_predict : np * (n_prompt + o.n_predict);
+// Cells for the whole run. Unified: the prompt's cells are shared by every sequence. Streams: each stream holds
+// its own copy.
+int context_cells(const Options& o, int n_prompt) {
+  return o.kv_unified ? n_prompt + o.n_parallel * o.n_predict : o.n_parallel * (n_prompt + o.n_predict);
+}
+
+llama_context* make_context(llama_model* model, const Options& o, int n_ctx, int n_threads) {
+  const int np = o.n_parallel;
   llama_context_params cp = llama_context_default_params();
   cp.n_ctx = uint32_t(n_ctx);
   cp.n_batch = uint32_t(std::max(o.n_batch, np));
   cp.n_ubatch = uint32_t(std::max(o.n_batch, np));
   cp.n_seq_max = uint32_t(np);
-  const int n_threads = o.n_threads > 0 ? o.n_threads : int(std::thread::hardware_concurrency());
   cp.n_threads = n_threads;
   cp.n_threads_batch = n_threads;
   cp.flash_attn_type = o.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
@@ -137,19 +138,27 @@ int run(int argc, char** argv) {
   cp.no_perf = true;
   llama_context* ctx = llama_init_from_model(model, cp);
   if (!ctx) fail("cannot create a context of " + std::to_string(n_ctx) + " cells");
-  llama_memory_t mem = llama_get_memory(ctx);
+  return ctx;
+}
 
+// One sampler chain per sequence: temperature, then a draw from its own random stream (seed + sequence).
+std::vector<llama_sampler*> make_samplers(const Options& o) {
   std::vector<llama_sampler*> samplers;
-  for (int s = 0; s < np; ++s) {
+  for (int s = 0; s < o.n_parallel; ++s) {
     llama_sampler* c = llama_sampler_chain_init(llama_sampler_chain_default_params());
     llama_sampler_chain_add(c, llama_sampler_init_temp(o.temp));
     llama_sampler_chain_add(c, llama_sampler_init_dist(o.seed + uint32_t(s)));
     samplers.push_back(c);
   }
+  return samplers;
+}
 
-  // --- the prompt, once, then copied ---
-  const auto t_prompt = std::chrono::steady_clock::now();
-  Batch batch(std::max(o.n_batch, np));
+// The prompt, once as sequence 0 in batches of n_batch, then copied to the other sequences. Returns each
+// sequence's first token, sampled from the prompt's last logits.
+std::vector<llama_token> run_prompt(llama_context* ctx, const Options& o, const std::vector<llama_token>& ids,
+                                    const std::vector<llama_sampler*>& samplers, Batch& batch) {
+  const int np = o.n_parallel, n_prompt = int(ids.size());
+  llama_memory_t mem = llama_get_memory(ctx);
   for (int i0 = 0; i0 < n_prompt; i0 += o.n_batch) {
     batch.clear();
     const int i1 = std::min(n_prompt, i0 + o.n_batch);
@@ -167,9 +176,15 @@ int run(int argc, char** argv) {
     llama_memory_seq_rm(mem, 0, n_prompt, -1);
   }
   llama_synchronize(ctx);
-  const double prompt_ms = ms_since(t_prompt);
+  return last;
+}
 
-  // --- decode: one token per sequence per step ---
+// n_predict - 1 decode steps, one token per sequence each (from last, which each step's samples replace).
+// Returns each step's milliseconds.
+std::vector<double> run_decode(llama_context* ctx, const Options& o, int n_prompt,
+                               const std::vector<llama_sampler*>& samplers, Batch& batch,
+                               std::vector<llama_token>& last) {
+  const int np = o.n_parallel;
   std::vector<double> step_ms;
   for (int step = 0; step + 1 < o.n_predict; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -180,6 +195,13 @@ int run(int argc, char** argv) {
     for (int s = 0; s < np; ++s) last[size_t(s)] = llama_sampler_sample(samplers[size_t(s)], ctx, s);
     step_ms.push_back(ms_since(t0));
   }
+  return step_ms;
+}
+
+// The run as one JSON object on stdout, with cascade-generate --json's timing fields.
+void print_json(const Options& o, int n_threads, int n_ctx, int n_prompt, double prompt_ms,
+                const std::vector<double>& step_ms) {
+  const int np = o.n_parallel;
   double decode_ms = 0;
   for (double m : step_ms) decode_ms += m;
   const double n_decode = double(step_ms.size()) * np;
@@ -192,11 +214,36 @@ int run(int argc, char** argv) {
      << ",\"n_ctx\":" << n_ctx << ",\"n_parallel\":" << np << ",\"n_predict\":" << o.n_predict
      << ",\"n_prompt_tokens\":" << n_prompt << ",\"n_prompt_stored\":" << n_prompt << ",\"prompt_ms\":" << prompt_ms
      << ",\"prompt_tokens_per_s\":" << 1e3 * n_prompt / prompt_ms << ",\"n_decode_tokens\":" << int64_t(n_decode)
-     << ",\"decode_ms\":" << decode_ms << ",\"decode_tokens_per_s\":" << (decode_ms > 0 ? 1e3 * n_decode / decode_ms : 0)
-     << ",\"step_ms\":[";
+     << ",\"decode_ms\":" << decode_ms
+     << ",\"decode_tokens_per_s\":" << (decode_ms > 0 ? 1e3 * n_decode / decode_ms : 0) << ",\"step_ms\":[";
   for (size_t i = 0; i < step_ms.size(); ++i) js << (i ? "," : "") << step_ms[i];
   js << "]}\n";
   std::fputs(js.str().c_str(), stdout);
+}
+
+int run(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  const std::string prompt = read_prompt(o.prompt_file);
+  llama_log_set(quiet, nullptr);
+  llama_backend_init();
+  llama_model_params mp = llama_model_default_params();
+  mp.n_gpu_layers = 0;
+  llama_model* model = llama_model_load_from_file(o.model.c_str(), mp);
+  if (!model) fail("cannot load model '" + o.model + "'");
+  const std::vector<llama_token> ids = tokenize(llama_model_get_vocab(model), prompt);
+
+  const int np = o.n_parallel, n_prompt = int(ids.size());
+  const int n_ctx = context_cells(o, n_prompt);
+  const int n_threads = o.n_threads > 0 ? o.n_threads : int(std::thread::hardware_concurrency());
+  llama_context* ctx = make_context(model, o, n_ctx, n_threads);
+  std::vector<llama_sampler*> samplers = make_samplers(o);
+
+  const auto t_prompt = std::chrono::steady_clock::now();
+  Batch batch(std::max(o.n_batch, np));
+  std::vector<llama_token> last = run_prompt(ctx, o, ids, samplers, batch);
+  const double prompt_ms = ms_since(t_prompt);
+  const std::vector<double> step_ms = run_decode(ctx, o, n_prompt, samplers, batch, last);
+  print_json(o, n_threads, n_ctx, n_prompt, prompt_ms, step_ms);
 
   for (llama_sampler* s : samplers) llama_sampler_free(s);
   llama_free(ctx);

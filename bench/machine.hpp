@@ -190,8 +190,8 @@ inline double fma_loop_portable(long iters, float* sink) {
 // Best-of-3 rate in FLOP/s of `loop` run on n_threads threads at once (each its own chains), as the sum of each
 // thread's own rate. The loops run on a oneTBB arena's threads, and each times itself: threads of their own
 // would share the cores with the pool's workers, which spin for a while after the bandwidth measurement before
-// them (a 2x swing of the bf16 peak between runs came from that), and one timing around them all would count a
-// worker that starts late.
+// them (the bf16 peak swung from run to run with that: docs/study.md §7), and one timing around them all would
+// count a worker that starts late.
 inline double measure_peak(int n_threads, double (*loop)(long, float*)) {
   double best = 0;
   n_threads = std::max(1, n_threads);

@@ -151,6 +151,7 @@ void parse_flags(int argc, char** argv, Args& a, const std::vector<std::string>&
 struct Row {
   std::string method;
   std::string path;  // the kernels that ran: an instruction-set tier (+bf16: bf16 products), or the device
+  std::string kernels;  // the plan's kernel choices, as cpu::kernel_names gives them (empty: not a CPU plan)
   int64_t batch, prefix, suffix;
   HeadShape shape;
   DType dtype;
@@ -242,15 +243,15 @@ inline void print_csv(const std::vector<Row>& rows) {
   std::printf(
       "method,path,batch,prefix,suffix,n_q_heads,n_kv_heads,head_dim,kv_dtype,threads,median_ms,mean_ms,stdev_ms,"
       "min_ms,max_ms,min_bytes,min_flops,bytes_read,limit_ms,fraction,bw_ms,bw_fraction,flop_ms,peak_fraction,bw_gbs,"
-      "peak_gflops\n");
+      "peak_gflops,kernels\n");
   for (const Row& r : rows)
     std::printf("%s,%s,%lld,%lld,%lld,%d,%d,%d,%s,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%.0f,%.0f,%.0f,%.6f,%.6f,%.6f,%.6f,%.6f,"
-                "%.6f,%.3f,%.3f\n",
+                "%.6f,%.3f,%.3f,\"%s\"\n",
                 r.method.c_str(), r.path.c_str(), (long long)r.batch, (long long)r.prefix, (long long)r.suffix,
                 r.shape.n_q_heads, r.shape.n_kv_heads, r.shape.head_dim, cascade::dtype_name(r.dtype), r.threads,
                 r.median_ms, r.mean_ms, r.stdev_ms, r.min_ms, r.max_ms, r.min_bytes, r.min_flops, r.bytes_read,
                 r.limit_ms, r.limit_ms / r.median_ms, r.bw_ms, r.bw_ms / r.median_ms, r.flop_ms,
-                r.flop_ms / r.median_ms, r.bw_gbs, r.peak_gflops);
+                r.flop_ms / r.median_ms, r.bw_gbs, r.peak_gflops, r.kernels.c_str());
 }
 
 inline void print_json(const std::vector<Row>& rows) {
@@ -263,12 +264,12 @@ inline void print_json(const std::vector<Row>& rows) {
         "\"median_ms\": %.6f, \"mean_ms\": %.6f, \"stdev_ms\": %.6f, \"min_ms\": %.6f, \"max_ms\": %.6f, "
         "\"min_bytes\": %.0f, \"min_flops\": %.0f, \"bytes_read\": %.0f, \"limit_ms\": %.6f, \"fraction\": %.6f, "
         "\"bw_ms\": %.6f, \"bw_fraction\": %.6f, \"flop_ms\": %.6f, \"peak_fraction\": %.6f, \"bw_gbs\": %.3f, "
-        "\"peak_gflops\": %.3f}%s\n",
+        "\"peak_gflops\": %.3f, \"kernels\": \"%s\"}%s\n",
         r.method.c_str(), r.path.c_str(), (long long)r.batch, (long long)r.prefix, (long long)r.suffix,
         r.shape.n_q_heads, r.shape.n_kv_heads, r.shape.head_dim, cascade::dtype_name(r.dtype), r.threads, r.median_ms,
         r.mean_ms, r.stdev_ms, r.min_ms, r.max_ms, r.min_bytes, r.min_flops, r.bytes_read, r.limit_ms,
         r.limit_ms / r.median_ms, r.bw_ms, r.bw_ms / r.median_ms, r.flop_ms, r.flop_ms / r.median_ms, r.bw_gbs,
-        r.peak_gflops, i + 1 < rows.size() ? "," : "");
+        r.peak_gflops, r.kernels.c_str(), i + 1 < rows.size() ? "," : "");
   }
   std::printf("]\n");
 }

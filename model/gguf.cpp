@@ -108,6 +108,12 @@ std::string quoted(std::string_view s) {
   return out + "'";
 }
 
+// An error about the file: "gguf file 'NAME': ", then args.
+template <class... Args>
+[[noreturn]] void fail_in(const std::string& file, Args&&... args) {
+  detail::fail("gguf file ", quoted(file), ": ", std::forward<Args>(args)...);
+}
+
 // Reads little-endian fields from the file's bytes, failing with the file name and offset on truncation.
 class Cursor {
  public:
@@ -118,7 +124,7 @@ class Cursor {
 
   template <class... Args>
   [[noreturn]] void fail_at(size_t at, Args&&... args) const {
-    detail::fail("gguf file ", quoted(name_), ": ", std::forward<Args>(args)..., " (at byte ", at, ")");
+    fail_in(name_, std::forward<Args>(args)..., " (at byte ", at, ")");
   }
 
   void need(uint64_t n, std::string_view what) const {
@@ -369,191 +375,243 @@ void File::release() noexcept {
 
 // --- File: parsing -------------------------------------------------------------------------------
 
-void File::parse() {
-  Cursor c(data_, size_, name_);
+namespace {
 
-  // header
+// The magic and the version (2 or 3): versions 1 and big-endian files get an error of their own.
+uint32_t read_version(Cursor& c, const uint8_t* data) {
   c.need(4, "the magic");
-  if (std::memcmp(data_, "GGUF", 4) != 0) {
+  if (std::memcmp(data, "GGUF", 4) != 0) {
     static const char* hex = "0123456789abcdef";
     std::string found;
     for (int k = 0; k < 4; ++k) {
-      found += hex[data_[k] >> 4];
-      found += hex[data_[k] & 15];
+      found += hex[data[k] >> 4];
+      found += hex[data[k] & 15];
     }
     c.fail_at(0, "bad magic: expected 'GGUF' (47475546), found ", found);
   }
   c.skip(4, "the magic");
-  version_ = c.read<uint32_t>("the version");
-  if (version_ == 1) c.fail_at(4, "GGUF version 1 is not supported (only versions 2 and 3)");
-  if (version_ != 2 && version_ != 3) {
-    const uint32_t swapped = __builtin_bswap32(version_);
+  const auto version = c.read<uint32_t>("the version");
+  if (version == 1) c.fail_at(4, "GGUF version 1 is not supported (only versions 2 and 3)");
+  if (version != 2 && version != 3) {
+    const uint32_t swapped = __builtin_bswap32(version);
     if (swapped == 2 || swapped == 3)
-      c.fail_at(4, "big-endian GGUF files are not supported (version field reads ", version_, ")");
-    c.fail_at(4, "unsupported GGUF version ", version_, " (only versions 2 and 3)");
+      c.fail_at(4, "big-endian GGUF files are not supported (version field reads ", version, ")");
+    c.fail_at(4, "unsupported GGUF version ", version, " (only versions 2 and 3)");
   }
-  size_t at = c.pos();
-  const auto n_tensors = c.read<uint64_t>("the tensor count");
-  const auto n_kv = c.read<uint64_t>("the key/value count");
-  if (n_kv > c.left() / kMinKvBytes)
-    c.fail_at(at + 8, "key/value count ", n_kv, " is absurd for a file with ", c.left(), " bytes left");
-  if (n_tensors > c.left() / kMinTensorInfoBytes)
-    c.fail_at(at, "tensor count ", n_tensors, " is absurd for a file with ", c.left(), " bytes left");
+  return version;
+}
 
-  // key/value pairs
-  kvs_.reserve(n_kv);
-  kv_index_.reserve(n_kv);
-  for (uint64_t k = 0; k < n_kv; ++k) {
+struct Counts {
+  uint64_t n_tensors = 0;
+  uint64_t n_kv = 0;
+};
+
+// The tensor and key/value counts, each no larger than the bytes left could hold.
+Counts read_counts(Cursor& c) {
+  const size_t at = c.pos();
+  Counts n;
+  n.n_tensors = c.read<uint64_t>("the tensor count");
+  n.n_kv = c.read<uint64_t>("the key/value count");
+  if (n.n_kv > c.left() / kMinKvBytes)
+    c.fail_at(at + 8, "key/value count ", n.n_kv, " is absurd for a file with ", c.left(), " bytes left");
+  if (n.n_tensors > c.left() / kMinTensorInfoBytes)
+    c.fail_at(at, "tensor count ", n.n_tensors, " is absurd for a file with ", c.left(), " bytes left");
+  return n;
+}
+
+// An ARRAY value after its type field: element type, count, then the elements (v.strings for strings,
+// v.elems for fixed-size ones, bools 0 or 1).
+void read_array(Cursor& c, const std::string& what, Value& v) {
+  const size_t elem_at = c.pos();
+  const auto elem = c.read<uint32_t>("the array element type of " + what);
+  if (elem == static_cast<uint32_t>(ValueType::ARRAY)) c.fail_at(elem_at, "nested array (array of arrays) in ", what);
+  if (!is_valid_value_type(elem)) c.fail_at(elem_at, "unknown array element type ", elem, " for ", what);
+  v.elem_type = static_cast<ValueType>(elem);
+  const size_t count_at = c.pos();
+  v.count = c.read<uint64_t>("the array length of " + what);
+  // Every element takes at least `least` bytes (a string: its length field).
+  const size_t least = v.elem_type == ValueType::STRING ? 8 : value_type_size(v.elem_type);
+  if (v.count > c.left() / least)
+    c.fail_at(count_at, "truncated: array count ", v.count, " of ", what, " is larger than the ", c.left(),
+              " bytes left in the file can hold");
+  if (v.elem_type == ValueType::STRING) {
+    v.strings.reserve(v.count);
+    for (uint64_t e = 0; e < v.count; ++e)
+      v.strings.push_back(c.read_string("element " + std::to_string(e) + " of " + what));
+    return;
+  }
+  v.elems = c.skip(v.count * least, "the elements of " + what);
+  if (v.elem_type != ValueType::BOOL) return;
+  for (uint64_t e = 0; e < v.count; ++e)
+    if (v.elems[e] > 1)
+      c.fail_at(count_at + 8 + e, "bool element ", e, " of ", what, " is ", int(v.elems[e]), ", not 0 or 1");
+}
+
+// A value: its type field, then a string, an array or a scalar (a bool 0 or 1).
+Value read_value(Cursor& c, const std::string& what) {
+  Value v;
+  const size_t type_at = c.pos();
+  const auto type = c.read<uint32_t>("the value type of " + what);
+  if (!is_valid_value_type(type)) c.fail_at(type_at, "unknown value type ", type, " for ", what);
+  v.type = static_cast<ValueType>(type);
+  if (v.type == ValueType::STRING) {
+    v.str = c.read_string("the string value of " + what);
+  } else if (v.type == ValueType::ARRAY) {
+    read_array(c, what, v);
+  } else {
+    const size_t val_at = c.pos();
+    const uint8_t* p = c.skip(value_type_size(v.type), "the value of " + what);
+    decode_scalar(v.type, p, v);
+    if (v.type == ValueType::BOOL && v.u > 1) c.fail_at(val_at, "bool value of ", what, " is ", v.u, ", not 0 or 1");
+  }
+  return v;
+}
+
+// n key/value pairs into kvs (file order) and index (key -> position in kvs); keys non-empty and unique.
+void read_key_values(Cursor& c, uint64_t n, std::vector<KeyValue>& kvs,
+                     std::unordered_map<std::string_view, size_t>& index) {
+  kvs.reserve(n);
+  index.reserve(n);
+  for (uint64_t k = 0; k < n; ++k) {
     const size_t kv_at = c.pos();
     const std::string_view key = c.read_string("the key of key/value pair #" + std::to_string(k));
     if (key.empty()) c.fail_at(kv_at, "empty key in key/value pair #", k);
-    if (kv_index_.count(key)) c.fail_at(kv_at, "duplicate key ", quoted(key));
-    const std::string what = "key " + quoted(key);
-
-    Value v;
-    const size_t type_at = c.pos();
-    const auto type = c.read<uint32_t>("the value type of " + what);
-    if (!is_valid_value_type(type)) c.fail_at(type_at, "unknown value type ", type, " for ", what);
-    v.type = static_cast<ValueType>(type);
-
-    if (v.type == ValueType::STRING) {
-      v.str = c.read_string("the string value of " + what);
-    } else if (v.type == ValueType::ARRAY) {
-      const size_t elem_at = c.pos();
-      const auto elem = c.read<uint32_t>("the array element type of " + what);
-      if (elem == static_cast<uint32_t>(ValueType::ARRAY))
-        c.fail_at(elem_at, "nested array (array of arrays) in ", what);
-      if (!is_valid_value_type(elem)) c.fail_at(elem_at, "unknown array element type ", elem, " for ", what);
-      v.elem_type = static_cast<ValueType>(elem);
-      const size_t count_at = c.pos();
-      v.count = c.read<uint64_t>("the array length of " + what);
-      if (v.elem_type == ValueType::STRING) {
-        if (v.count > c.left() / 8)
-          c.fail_at(count_at, "truncated: array count ", v.count, " of ", what, " is larger than the ", c.left(),
-                    " bytes left in the file can hold");
-        v.strings.reserve(v.count);
-        for (uint64_t e = 0; e < v.count; ++e)
-          v.strings.push_back(c.read_string("element " + std::to_string(e) + " of " + what));
-      } else {
-        const size_t esize = value_type_size(v.elem_type);
-        if (v.count > c.left() / esize)
-          c.fail_at(count_at, "truncated: array count ", v.count, " of ", what, " is larger than the ", c.left(),
-                    " bytes left in the file can hold");
-        v.elems = c.skip(v.count * esize, "the elements of " + what);
-        if (v.elem_type == ValueType::BOOL) {
-          for (uint64_t e = 0; e < v.count; ++e)
-            if (v.elems[e] > 1)
-              c.fail_at(count_at + 8 + e, "bool element ", e, " of ", what, " is ", int(v.elems[e]),
-                        ", not 0 or 1");
-        }
-      }
-    } else {
-      const size_t val_at = c.pos();
-      const uint8_t* p = c.skip(value_type_size(v.type), "the value of " + what);
-      decode_scalar(v.type, p, v);
-      if (v.type == ValueType::BOOL && v.u > 1)
-        c.fail_at(val_at, "bool value of ", what, " is ", v.u, ", not 0 or 1");
-    }
-    kv_index_.emplace(key, kvs_.size());
-    kvs_.push_back({key, std::move(v)});
+    if (index.count(key)) c.fail_at(kv_at, "duplicate key ", quoted(key));
+    Value v = read_value(c, "key " + quoted(key));
+    index.emplace(key, kvs.size());
+    kvs.push_back({key, std::move(v)});
   }
+}
 
-  // alignment
-  if (const Value* a = find("general.alignment")) {
-    if (a->type != ValueType::U32)
-      detail::fail("gguf file ", quoted(name_), ": key 'general.alignment' must be u32, found ",
-                   value_type_name(a->type));
-    if (a->u == 0 || (a->u & (a->u - 1)) != 0 || a->u > kMaxAlignment)
-      detail::fail("gguf file ", quoted(name_), ": bad alignment ", a->u,
-                   " in 'general.alignment' (must be a power of two, at most ", kMaxAlignment, ")");
-    alignment_ = static_cast<uint32_t>(a->u);
+// The alignment `general.alignment` sets: a u32 power of two, at most kMaxAlignment.
+uint32_t alignment_of(const Value& a, const std::string& file) {
+  if (a.type != ValueType::U32) fail_in(file, "key 'general.alignment' must be u32, found ", value_type_name(a.type));
+  if (a.u == 0 || (a.u & (a.u - 1)) != 0 || a.u > kMaxAlignment)
+    fail_in(file, "bad alignment ", a.u, " in 'general.alignment' (must be a power of two, at most ", kMaxAlignment,
+            ")");
+  return static_cast<uint32_t>(a.u);
+}
+
+// Tensor #k's name: non-empty, shorter than kMaxTensorName, not in index.
+std::string read_tensor_name(Cursor& c, uint64_t k, const std::unordered_map<std::string, size_t>& index) {
+  const size_t at = c.pos();
+  const std::string_view name = c.read_string("the name of tensor #" + std::to_string(k));
+  if (name.empty()) c.fail_at(at, "tensor #", k, " has an empty name");
+  if (name.size() >= kMaxTensorName)
+    c.fail_at(at, "tensor name ", quoted(name), " is ", name.size(), " bytes long (the limit is ", kMaxTensorName - 1,
+              ")");
+  std::string out(name);
+  if (index.count(out)) c.fail_at(at, "duplicate tensor name ", quoted(name));
+  return out;
+}
+
+// n_dims, then the dimensions into t.ne and their product into t.n_elements: 1 to kMaxDims of them, each
+// at least 1, the product within int64.
+void read_dims(Cursor& c, const std::string& what, TensorInfo& t) {
+  const size_t dims_at = c.pos();
+  const auto n_dims = c.read<uint32_t>("the n_dims of " + what);
+  if (n_dims == 0 || n_dims > kMaxDims)
+    c.fail_at(dims_at, what, " has n_dims ", n_dims, " (must be 1 to ", kMaxDims, ")");
+  t.n_elements = 1;
+  for (uint32_t d = 0; d < n_dims; ++d) {
+    const size_t ne_at = c.pos();
+    const auto ne = c.read<uint64_t>("a dimension of " + what);
+    if (ne == 0) c.fail_at(ne_at, what, " has a zero dimension ne[", d, "]");
+    if (ne > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      c.fail_at(ne_at, what, " has a negative or huge dimension ne[", d, "] = ", ne);
+    t.ne.push_back(static_cast<int64_t>(ne));
+    if (__builtin_mul_overflow(t.n_elements, static_cast<int64_t>(ne), &t.n_elements))
+      c.fail_at(ne_at, "the element count of ", what, " overflows int64");
   }
+}
 
-  // tensor infos
-  tensors_.reserve(n_tensors);
-  tensor_index_.reserve(n_tensors);
-  for (uint64_t k = 0; k < n_tensors; ++k) {
-    const size_t ti_at = c.pos();
-    TensorInfo t;
-    const std::string_view name = c.read_string("the name of tensor #" + std::to_string(k));
-    if (name.empty()) c.fail_at(ti_at, "tensor #", k, " has an empty name");
-    if (name.size() >= kMaxTensorName)
-      c.fail_at(ti_at, "tensor name ", quoted(name), " is ", name.size(), " bytes long (the limit is ",
-                kMaxTensorName - 1, ")");
-    t.name = std::string(name);
-    if (tensor_index_.count(t.name)) c.fail_at(ti_at, "duplicate tensor name ", quoted(name));
-    const std::string what = "tensor " + quoted(name);
-
-    const size_t dims_at = c.pos();
-    const auto n_dims = c.read<uint32_t>("the n_dims of " + what);
-    if (n_dims == 0 || n_dims > kMaxDims)
-      c.fail_at(dims_at, what, " has n_dims ", n_dims, " (must be 1 to ", kMaxDims, ")");
-    t.n_elements = 1;
-    for (uint32_t d = 0; d < n_dims; ++d) {
-      const size_t ne_at = c.pos();
-      const auto ne = c.read<uint64_t>("a dimension of " + what);
-      if (ne == 0) c.fail_at(ne_at, what, " has a zero dimension ne[", d, "]");
-      if (ne > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        c.fail_at(ne_at, what, " has a negative or huge dimension ne[", d, "] = ", ne);
-      t.ne.push_back(static_cast<int64_t>(ne));
-      if (__builtin_mul_overflow(t.n_elements, static_cast<int64_t>(ne), &t.n_elements))
-        c.fail_at(ne_at, "the element count of ", what, " overflows int64");
-    }
-
-    const size_t type_at = c.pos();
-    const auto type = c.read<uint32_t>("the type of " + what);
-    t.type = static_cast<TensorType>(type);
-    const TypeTraits* tt = traits(t.type);
-    if (!tt) c.fail_at(type_at, "unknown tensor type ", type, " for ", what);
-    if (t.ne[0] % tt->block_size != 0)
-      c.fail_at(dims_at, what, " has ne[0] = ", t.ne[0], ", not a multiple of the ", tt->name, " block size ",
-                tt->block_size);
-    uint64_t n_bytes;
-    if (__builtin_mul_overflow(static_cast<uint64_t>(t.ne[0] / tt->block_size), tt->block_bytes, &n_bytes))
+// The type field into t.type, and t.n_bytes from it and t.ne: a known type, ne[0] whole blocks, the size
+// within 64 bits. Shape errors point at dims_at, where the dimensions start.
+void read_tensor_type(Cursor& c, const std::string& what, size_t dims_at, TensorInfo& t) {
+  const size_t type_at = c.pos();
+  const auto type = c.read<uint32_t>("the type of " + what);
+  t.type = static_cast<TensorType>(type);
+  const TypeTraits* tt = traits(t.type);
+  if (!tt) c.fail_at(type_at, "unknown tensor type ", type, " for ", what);
+  if (t.ne[0] % tt->block_size != 0)
+    c.fail_at(dims_at, what, " has ne[0] = ", t.ne[0], ", not a multiple of the ", tt->name, " block size ",
+              tt->block_size);
+  uint64_t n_bytes;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(t.ne[0] / tt->block_size), tt->block_bytes, &n_bytes))
+    c.fail_at(dims_at, "the byte size of ", what, " overflows 64 bits");
+  for (size_t d = 1; d < t.ne.size(); ++d)
+    if (__builtin_mul_overflow(n_bytes, static_cast<uint64_t>(t.ne[d]), &n_bytes))
       c.fail_at(dims_at, "the byte size of ", what, " overflows 64 bits");
-    for (size_t d = 1; d < t.ne.size(); ++d)
-      if (__builtin_mul_overflow(n_bytes, static_cast<uint64_t>(t.ne[d]), &n_bytes))
-        c.fail_at(dims_at, "the byte size of ", what, " overflows 64 bits");
-    t.n_bytes = n_bytes;
+  t.n_bytes = n_bytes;
+}
 
-    const size_t off_at = c.pos();
-    t.offset = c.read<uint64_t>("the data offset of " + what);
-    if (t.offset % alignment_ != 0)
-      c.fail_at(off_at, what, " has data offset ", t.offset, ", not a multiple of the alignment ", alignment_);
+// Tensor info #k: name, dimensions, type and a data offset that is a multiple of the alignment.
+TensorInfo read_tensor_info(Cursor& c, uint64_t k, uint32_t alignment,
+                            const std::unordered_map<std::string, size_t>& index) {
+  TensorInfo t;
+  t.name = read_tensor_name(c, k, index);
+  const std::string what = "tensor " + quoted(t.name);
+  const size_t dims_at = c.pos();
+  read_dims(c, what, t);
+  read_tensor_type(c, what, dims_at, t);
+  const size_t off_at = c.pos();
+  t.offset = c.read<uint64_t>("the data offset of " + what);
+  if (t.offset % alignment != 0)
+    c.fail_at(off_at, what, " has data offset ", t.offset, ", not a multiple of the alignment ", alignment);
+  return t;
+}
 
+// The tensors' data in a data section of data_size bytes: in the order of the infos, no overlaps, each
+// padded to the alignment within the section.
+void check_extents(const std::vector<TensorInfo>& tensors, uint64_t data_size, uint32_t alignment,
+                   const std::string& file) {
+  uint64_t prev_end = 0;
+  const TensorInfo* prev = nullptr;
+  for (const TensorInfo& t : tensors) {
+    const std::string what = "tensor " + quoted(t.name);
+    if (prev && t.offset < prev->offset)
+      fail_in(file, what, " at data offset ", t.offset, " is out of order (it comes after tensor ", quoted(prev->name),
+              " at ", prev->offset, ")");
+    if (prev && t.offset < prev_end)
+      fail_in(file, what, " at data offset ", t.offset, " overlaps tensor ", quoted(prev->name), " which ends at ",
+              prev_end);
+    // Writers pad every tensor, the last one included, to the alignment; a file without that padding was cut.
+    uint64_t end, padded_end;
+    if (__builtin_add_overflow(t.offset, t.n_bytes, &end) ||
+        __builtin_add_overflow(end, uint64_t{alignment - 1}, &padded_end) ||
+        padded_end / alignment * alignment > data_size)
+      fail_in(file, what, " (", t.n_bytes, " bytes at data offset ", t.offset, ", padded to ", alignment,
+              ") extends past the end of the file: the data section holds ", data_size, " bytes");
+    prev_end = end;
+    prev = &t;
+  }
+}
+
+}  // namespace
+
+void File::parse() {
+  Cursor c(data_, size_, name_);
+  version_ = read_version(c, data_);
+  const Counts n = read_counts(c);
+  read_key_values(c, n.n_kv, kvs_, kv_index_);
+  if (const Value* a = find("general.alignment")) alignment_ = alignment_of(*a, name_);
+
+  tensors_.reserve(n.n_tensors);
+  tensor_index_.reserve(n.n_tensors);
+  for (uint64_t k = 0; k < n.n_tensors; ++k) {
+    TensorInfo t = read_tensor_info(c, k, alignment_, tensor_index_);
     tensor_index_.emplace(t.name, tensors_.size());
     tensors_.push_back(std::move(t));
   }
 
-  // data section: starts at the next multiple of the alignment
+  // The data section starts at the next multiple of the alignment.
   const uint64_t end_of_infos = c.pos();
   data_offset_ = (end_of_infos + alignment_ - 1) / alignment_ * alignment_;  // no wrap: end <= size
   if (tensors_.empty()) return;  // a vocabulary-only file needs no data section
   if (data_offset_ > size_)
-    c.fail_at(end_of_infos, "truncated: the data section should start at byte ", data_offset_,
-              " but the file has ", size_, " bytes");
-  const uint64_t data_size = size_ - data_offset_;
-  uint64_t prev_end = 0;
-  const TensorInfo* prev = nullptr;
-  for (const TensorInfo& t : tensors_) {
-    const std::string what = "tensor " + quoted(t.name);
-    if (prev && t.offset < prev->offset)
-      detail::fail("gguf file ", quoted(name_), ": ", what, " at data offset ", t.offset,
-                   " is out of order (it comes after tensor ", quoted(prev->name), " at ", prev->offset, ")");
-    if (prev && t.offset < prev_end)
-      detail::fail("gguf file ", quoted(name_), ": ", what, " at data offset ", t.offset, " overlaps tensor ",
-                   quoted(prev->name), " which ends at ", prev_end);
-    // Writers pad every tensor, the last one included, to the alignment; a file without that padding was cut.
-    uint64_t end, padded_end;
-    if (__builtin_add_overflow(t.offset, t.n_bytes, &end) ||
-        __builtin_add_overflow(end, uint64_t{alignment_ - 1}, &padded_end) ||
-        padded_end / alignment_ * alignment_ > data_size)
-      detail::fail("gguf file ", quoted(name_), ": ", what, " (", t.n_bytes, " bytes at data offset ", t.offset,
-                   ", padded to ", alignment_, ") extends past the end of the file: the data section holds ",
-                   data_size, " bytes");
-    prev_end = end;
-    prev = &t;
-  }
+    c.fail_at(end_of_infos, "truncated: the data section should start at byte ", data_offset_, " but the file has ",
+              size_, " bytes");
+  check_extents(tensors_, size_ - data_offset_, alignment_, name_);
 }
 
 // --- File: access --------------------------------------------------------------------------------
@@ -563,16 +621,27 @@ const Value* File::find(std::string_view key) const {
   return it == kv_index_.end() ? nullptr : &kvs_[it->second].value;
 }
 
+namespace {
+
+// What a getter without _opt returns: the _opt getter's answer, which is empty only for a missing key.
+template <class T>
+T required(const File& f, std::string_view key, std::optional<T> v) {
+  if (!v) fail_in(f.name(), "missing key ", quoted(key));
+  return *v;
+}
+
+}  // namespace
+
 const Value& File::require(std::string_view key) const {
   const Value* v = find(key);
-  if (!v) detail::fail("gguf file ", quoted(name_), ": missing key ", quoted(key));
+  if (!v) fail_in(name_, "missing key ", quoted(key));
   return *v;
 }
 
 void File::wrong_type(std::string_view key, const Value& v, const char* expected) const {
   std::string found = value_type_name(v.type);
   if (v.is_array()) found += std::string(" of ") + value_type_name(v.elem_type);
-  detail::fail("gguf file ", quoted(name_), ": key ", quoted(key), " has type ", found, ", expected ", expected);
+  fail_in(name_, "key ", quoted(key), " has type ", found, ", expected ", expected);
 }
 
 std::optional<uint64_t> File::get_uint_opt(std::string_view key) const {
@@ -580,28 +649,22 @@ std::optional<uint64_t> File::get_uint_opt(std::string_view key) const {
   if (!v) return std::nullopt;
   if (auto u = v->as_uint()) return u;
   if (is_signed(v->type))
-    detail::fail("gguf file ", quoted(name_), ": key ", quoted(key), " is ", v->i, ", expected a non-negative value");
+    fail_in(name_, "key ", quoted(key), " is ", v->i, ", expected a non-negative value");
   wrong_type(key, *v, "an unsigned integer");
 }
 
-uint64_t File::get_uint(std::string_view key) const {
-  require(key);
-  return *get_uint_opt(key);
-}
+uint64_t File::get_uint(std::string_view key) const { return required(*this, key, get_uint_opt(key)); }
 
 std::optional<int64_t> File::get_int_opt(std::string_view key) const {
   const Value* v = find(key);
   if (!v) return std::nullopt;
   if (auto i = v->as_int()) return i;
   if (is_unsigned(v->type))
-    detail::fail("gguf file ", quoted(name_), ": key ", quoted(key), " is ", v->u, ", too large for int64");
+    fail_in(name_, "key ", quoted(key), " is ", v->u, ", too large for int64");
   wrong_type(key, *v, "an integer");
 }
 
-int64_t File::get_int(std::string_view key) const {
-  require(key);
-  return *get_int_opt(key);
-}
+int64_t File::get_int(std::string_view key) const { return required(*this, key, get_int_opt(key)); }
 
 std::optional<float> File::get_float_opt(std::string_view key) const {
   const Value* v = find(key);
@@ -610,10 +673,7 @@ std::optional<float> File::get_float_opt(std::string_view key) const {
   wrong_type(key, *v, "f32 or f64");
 }
 
-float File::get_float(std::string_view key) const {
-  require(key);
-  return *get_float_opt(key);
-}
+float File::get_float(std::string_view key) const { return required(*this, key, get_float_opt(key)); }
 
 std::optional<std::string_view> File::get_string_opt(std::string_view key) const {
   const Value* v = find(key);
@@ -622,10 +682,7 @@ std::optional<std::string_view> File::get_string_opt(std::string_view key) const
   return v->str;
 }
 
-std::string_view File::get_string(std::string_view key) const {
-  require(key);
-  return *get_string_opt(key);
-}
+std::string_view File::get_string(std::string_view key) const { return required(*this, key, get_string_opt(key)); }
 
 std::optional<bool> File::get_bool_opt(std::string_view key) const {
   const Value* v = find(key);
@@ -634,10 +691,7 @@ std::optional<bool> File::get_bool_opt(std::string_view key) const {
   return v->u != 0;
 }
 
-bool File::get_bool(std::string_view key) const {
-  require(key);
-  return *get_bool_opt(key);
-}
+bool File::get_bool(std::string_view key) const { return required(*this, key, get_bool_opt(key)); }
 
 std::vector<std::string_view> File::get_string_array(std::string_view key) const {
   const Value& v = require(key);
@@ -662,7 +716,7 @@ std::vector<int32_t> File::get_int_array(std::string_view key) const {
   for (uint64_t k = 0; k < v.count; ++k) {
     std::optional<int64_t> x = v.elem_int(k);
     if (!x || *x < std::numeric_limits<int32_t>::min() || *x > std::numeric_limits<int32_t>::max())
-      detail::fail("gguf file ", quoted(name_), ": element ", k, " of key ", quoted(key), " does not fit in int32");
+      fail_in(name_, "element ", k, " of key ", quoted(key), " does not fit in int32");
     out[k] = static_cast<int32_t>(*x);
   }
   return out;

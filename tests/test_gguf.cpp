@@ -379,6 +379,37 @@ TEST_CASE("gguf: reject: tensor and key/value counts absurd for the file size") 
   CHECK_REJECTS(b, "key/value count");
 }
 
+TEST_CASE("gguf: a rejection names the byte where the bad field starts") {
+  // Handcrafted layouts: the header is 24 bytes (magic, version, two u64 counts); a key or tensor name "k"/"w"
+  // takes 9 (u64 length + 1 byte).
+  const auto at_byte = [](std::vector<uint8_t> bytes, const std::string& what, size_t at) {
+    const std::string msg = rejection(std::move(bytes));
+    INFO("message: ", msg);
+    CHECK(msg.find(what) != std::string::npos);
+    CHECK(msg.find("(at byte " + std::to_string(at) + ")") != std::string::npos);
+  };
+  auto b = small_file();
+  poke<uint64_t>(b, 8, 1ull << 40);
+  at_byte(b, "tensor count", 8);
+  b = small_file();
+  poke<uint64_t>(b, 16, ~0ull);
+  at_byte(b, "key/value count", 16);
+  Bytes t = header(0, 1);
+  t.str("k").u32(13).u64(0);  // (8 more bytes, so the count is not absurd for what is left)
+  at_byte(t.b, "unknown value type 13", 33);
+  Bytes e = header(0, 1);
+  e.str("k").u32(9).u32(7).u64(3).u8(0).u8(1).u8(0xFF);  // elements from byte 49
+  at_byte(e.b, "bool element 2", 51);
+  Bytes d = header(0, 2);
+  d.str("k").u32(4).u32(1).str("k").u32(4).u32(2);  // the second pair from byte 41
+  at_byte(d.b, "duplicate key", 41);
+  // tensor info "w" at 24: n_dims at 33, ne[0] at 37, then ne[1] or the type, then the offset
+  at_byte(assemble({}, 0, {{"w", {4, 0}, 0, 0}}, 64), "zero dimension ne[1]", 45);
+  at_byte(assemble({}, 0, {{"w", {16, 2}, 3, 0}}, 64), "block size", 33);  // shape errors: where the dims start
+  at_byte(assemble({}, 0, {{"w", {256}, 4, 0}}, 4096), "unknown tensor type 4", 45);
+  at_byte(assemble({}, 0, {{"w", {8}, 0, 4}}, 64), "alignment", 49);
+}
+
 // --- rejections: key/value pairs ---------------------------------------------------------------------
 
 TEST_CASE("gguf: reject: string length larger than what remains") {

@@ -7,9 +7,9 @@
 //   schedule    passes, work items and merge lists for the target backend (schedule.hpp);
 //   workspace   the floats of partial state one run needs (workspace_floats()).
 //
-// Making a plan costs about as much as walking the tree and its rows (microseconds for a decode step of
-// tens of sequences); running it costs the attention itself. A plan is a value: copy it, keep it, run it
-// from several threads at once.
+// Making a plan costs about as much as walking the tree and its rows, once per step for every layer (what it
+// takes: docs/study.md §6); running it costs the attention itself. A plan is a value: copy it, keep it, run
+// it from several threads at once.
 #pragma once
 
 #include <cstdint>

@@ -157,7 +157,7 @@ inline const CpuFeatures& cpu_features() {
 
 // Where the attention kernels' software prefetches of K/V go: into L1 (prefetcht0) on AMD cores from Zen 5 on
 // (family 26 and later), into L2 (prefetcht1) elsewhere: each was faster from memory on the machines measured
-// (docs/study.md §16, §18, §19). Intel cores keep prefetcht1, where the kernels were tuned (prefetcht0 was not
+// (docs/study.md §16, §18, §20). Intel cores keep prefetcht1, where the kernels were tuned (prefetcht0 was not
 // measured there). The linear layers keep prefetcht1 on every CPU: prefetcht0 slowed them on a Zen 5.
 inline bool prefetch_to_l1() {
   static const bool to_l1 = cpu_features().amd && cpu_features().family >= 26;

@@ -27,7 +27,7 @@
 //  12  AVX2 tiled: 16 rows x 4 keys
 //  13  AVX-512 few-rows, scores 8 rows x 2 keys at a time (production: 4 x 4)
 //  14  AVX2 few-rows, scores 4 rows x 2 keys at a time (production: 2 x 4)
-//  15  AVX-512 few-rows without its software prefetch (try --cold: from memory it is about half as fast)
+//  15  AVX-512 few-rows without its software prefetch (try --cold; docs/study.md §7 has what it costs)
 //  16  AVX2 few-rows without its software prefetch
 //  17  AVX-512 few-rows, scores head by head over a whole tile (production: every head of 16 keys, then the next)
 //  18  AVX-512 tiled, bf16 products on AMX tiles (bf16 K/V, head dim a multiple of 32; where the OS grants tiles)
@@ -201,14 +201,18 @@ std::vector<Variant> variants(const Problem& p) {
   v.push_back({"AVX-512 tiled 32x8, bf16 products", b ? typed<Avx512Bf16Tile<2, 8>::K>(p) : Run{}, true, bf16});
   v.push_back({"AVX2 tiled 8x12", typed<Avx2Tile<1, 12>::K>(p), false, avx2});
   v.push_back({"AVX2 tiled 16x4", typed<Avx2Tile<2, 4>::K>(p), false, avx2});
-  v.push_back({"AVX-512 few-rows, scores 8x2", typed<Avx512Few<8, 2>::K>(p), false, avx512 && p.dim % 16 == 0});
-  v.push_back({"AVX2 few-rows, scores 4x2", typed<Avx2Few<4, 2>::K>(p), false, avx2 && p.dim % 8 == 0});
+  // The few-rows alternatives run the kernel templates directly, which take at most kFewRows rows (production
+  // hands more to the tiled kernel).
+  const bool few = p.rows <= kFewRows;
+  v.push_back({"AVX-512 few-rows, scores 8x2", typed<Avx512Few<8, 2>::K>(p), false,
+               few && avx512 && p.dim % 16 == 0});
+  v.push_back({"AVX2 few-rows, scores 4x2", typed<Avx2Few<4, 2>::K>(p), false, few && avx2 && p.dim % 8 == 0});
   v.push_back({"AVX-512 few-rows, no software prefetch", typed<Avx512Few<4, 4, false>::K>(p), false,
-               avx512 && p.dim % 16 == 0});
+               few && avx512 && p.dim % 16 == 0});
   v.push_back({"AVX2 few-rows, no software prefetch", typed<Avx2Few<2, 4, false>::K>(p), false,
-               avx2 && p.dim % 8 == 0});
+               few && avx2 && p.dim % 8 == 0});
   v.push_back({"AVX-512 few-rows, scores head by head over a whole tile",
-               typed<Avx512Few<4, 4, true, avx512::kFewTile>::K>(p), false, avx512 && p.dim % 16 == 0});
+               typed<Avx512Few<4, 4, true, avx512::kFewTile>::K>(p), false, few && avx512 && p.dim % 16 == 0});
   v.push_back({"AVX-512 tiled, bf16 products on AMX tiles", production(Isa::avx512, false, true, true), true,
                bf16 && amx_usable() && p.dim % 32 == 0, true});
   v.push_back({"AVX-512 few-rows, bf16 products on vdpbf16ps", production(Isa::avx512, true, true), true,
@@ -249,13 +253,15 @@ void reference(const Problem& p, std::vector<double>& o, std::vector<double>& ls
   });
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Problem p;
+// The command line: the problem's sizes into p, and the run's own settings.
+struct Options {
+  int which = 0;  // the variant, 1-based
   int reps = 20;
   bool cold = false;
-  int which = 0;
+};
+
+Options parse_args(int argc, char** argv, Problem& p) {
+  Options opt;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     auto value = [&]() -> std::string {
@@ -267,16 +273,21 @@ int main(int argc, char** argv) {
     else if (f == "--keys") p.keys = std::stoll(value());
     else if (f == "--dim") p.dim = std::stoi(value());
     else if (f == "--kv-dtype") p.dtype = parse_dtype(value());
-    else if (f == "--reps") reps = std::stoi(value());
-    else if (f == "--cold") cold = true;
+    else if (f == "--reps") opt.reps = std::stoi(value());
+    else if (f == "--cold") opt.cold = true;
     else if (f == "-h" || f == "--help") {
       std::printf("usage: cascade-kernel-variants VARIANT [--rows R] [--heads H] [--keys N] [--dim D] "
                   "[--kv-dtype f32|f16|bf16] [--reps N] [--cold]\n(variants: see the source's header)\n");
-      return 0;
-    } else if (f[0] != '-' && which == 0) which = std::stoi(f);
+      std::exit(0);
+    } else if (f[0] != '-' && opt.which == 0) opt.which = std::stoi(f);
     else die("unknown argument '" + f + "'");
   }
-  if (p.rows < 1 || p.heads < 1 || p.keys < 1 || p.dim < 1 || reps < 1) die("sizes must be positive");
+  if (p.rows < 1 || p.heads < 1 || p.keys < 1 || p.dim < 1 || opt.reps < 1) die("sizes must be positive");
+  return opt;
+}
+
+// Random K/V and q (uniform in [-1, 1), a fixed seed), every row seeing every key, scale 1/sqrt(dim).
+void fill_problem(Problem& p) {
   std::mt19937 rng(42);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const int64_t n_kv = p.keys * p.heads * p.dim;
@@ -297,18 +308,15 @@ int main(int argc, char** argv) {
   for (float& x : p.q) x = u(rng);
   p.limit.assign(size_t(p.rows), p.keys);
   p.scale = 1.0f / std::sqrt(float(p.dim));
+}
 
-  const auto all = variants(p);
-  if (which < 1 || which > int(all.size())) die("VARIANT must be 1.." + std::to_string(all.size()));
-  const Variant& var = all[size_t(which - 1)];
-  if (!var.available || !var.run) die(std::string(var.name) + ": not available for this CPU, dtype or head dim");
-  if (var.bf16_products)  // bf16 products round q: give them bf16 queries, as a bf16 model would
-    for (float& x : p.q) x = float(bf16(x));
-
+// Runs the variant once into o, lse and checks every element against the reference; prints the verdict.
+bool check(const Problem& p, const Variant& var, int which, std::vector<float>& o, std::vector<float>& lse,
+           Scratch& sc) {
   std::vector<double> ref_o, ref_lse;
   reference(p, ref_o, ref_lse);
-  std::vector<float> o(ref_o.size()), lse(ref_lse.size());
-  Scratch sc;
+  o.resize(ref_o.size());
+  lse.resize(ref_lse.size());
   var.run(p, o.data(), lse.data(), sc);
   // f32 products: a few 1e-6; bf16 products: each weight within 2^-8 (|v| <= 1).
   const double atol = var.bf16_products ? 0x1p-8 + 1e-5 : 1e-5, rtol = var.bf16_products ? 0 : 1e-4;
@@ -324,27 +332,52 @@ int main(int argc, char** argv) {
   std::printf("variant %d: %s\n  rows %lld, heads %d, keys %lld, dim %d, %s: max |o - ref| = %.2e, %s\n", which,
               var.name, (long long)p.rows, p.heads, (long long)p.keys, p.dim, dtype_name(p.dtype), worst,
               bad ? "FAILED" : "ok");
-  if (bad) return 1;
+  return bad == 0;
+}
 
+// Times the variant (best of opt.reps, caches flushed before each when opt.cold) and prints its rates beside
+// the peak it is held to (and the read bandwidth when cold).
+void time_variant(const Problem& p, const Variant& var, const Options& opt, std::vector<float>& o,
+                  std::vector<float>& lse, Scratch& sc) {
   bench::CacheFlusher flusher;
   double best = 1e30;
-  for (int rep = 0; rep < reps; ++rep) {
-    if (cold) flusher.flush();
+  for (int rep = 0; rep < opt.reps; ++rep) {
+    if (opt.cold) flusher.flush();
     const double t0 = bench::now_s();
     var.run(p, o.data(), lse.data(), sc);
     best = std::min(best, bench::now_s() - t0);
   }
   const double flops = 4.0 * double(p.rows) * double(p.keys) * p.heads * p.dim;
-  const double bytes = 2.0 * double(n_kv) * double(dtype_size(p.dtype));
+  const double bytes = 2.0 * double(p.keys * p.heads * p.dim) * double(dtype_size(p.dtype));
   const double peak = var.amx             ? bench::measure_amx_peak(1)
                       : var.bf16_products ? bench::measure_bf16_peak(1)
                                           : bench::measure_fma_peak(1);
-  const double bw = cold ? bench::measure_read_bandwidth(1) : 0;
+  const double bw = opt.cold ? bench::measure_read_bandwidth(1) : 0;
   std::printf("  %.3f ms: %.1f GFLOP/s (%.0f%% of the %s peak %.1f), %.1f GB/s of K/V", best * 1e3,
               flops / best / 1e9, 100 * flops / best / peak,
               var.amx ? "AMX tile" : var.bf16_products ? "bf16" : "f32 FMA", peak / 1e9,
               bytes / best / 1e9);
-  if (cold) std::printf(" (%.0f%% of the read bandwidth %.1f)", 100 * bytes / best / bw, bw / 1e9);
+  if (opt.cold) std::printf(" (%.0f%% of the read bandwidth %.1f)", 100 * bytes / best / bw, bw / 1e9);
   std::printf("\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Problem p;
+  const Options opt = parse_args(argc, argv, p);
+  fill_problem(p);
+  const auto all = variants(p);
+  if (opt.which < 1 || opt.which > int(all.size())) die("VARIANT must be 1.." + std::to_string(all.size()));
+  const Variant& var = all[size_t(opt.which - 1)];
+  if (!var.available || !var.run)
+    die(std::string(var.name) + ": not available for this CPU, dtype, head dim or row count");
+  if (var.bf16_products)  // bf16 products round q: give them bf16 queries, as a bf16 model would
+    for (float& x : p.q) x = float(bf16(x));
+
+  std::vector<float> o, lse;
+  Scratch sc;
+  if (!check(p, var, opt.which, o, lse, sc)) return 1;
+  time_variant(p, var, opt, o, lse, sc);
   return 0;
 }

@@ -4,8 +4,9 @@
 // Inputs are read in place (no copy) whenever the library can take their layout; a wrong dtype raises
 // TypeError, a wrong shape, device or layout ValueError, each message starting with the argument's name.
 // PyTorch tensors are read through their own attributes (data_ptr, shape, stride), NumPy arrays through the
-// buffer protocol, anything else through nanobind (DLPack): the first two cost well under a microsecond. Everything here runs with the GIL held,
-// except the element loops (read_f32, write_from_f32), which touch array memory only.
+// buffer protocol, anything else through nanobind (DLPack): the first two are the cheap ways (what each costs:
+// docs/study.md §9). Everything here runs with the GIL held, except the element loops (read_f32,
+// write_from_f32), which touch array memory only.
 #pragma once
 
 #include "cascade/simd.hpp"  // before Eigen, which includes the intrinsics too

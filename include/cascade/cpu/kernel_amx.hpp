@@ -215,7 +215,7 @@ inline void step(const uint32_t* qp, const uint16_t* kp, int64_t ks, const uint1
 
 // step for two row blocks at once (32 rows): each K and V^T tile loaded serves both, and the two blocks'
 // products are independent (four accumulations in flight instead of two). It gains little over two single steps:
-// the vector work and the tile loads and stores, not the multiplies, bound a step (docs/study.md §11, §19). q2,
+// the vector work and the tile loads and stores, not the multiplies, bound a step (docs/study.md §11, §20). q2,
 // o2, m2, l2: the second block's; s and p hold both blocks' (64 x 16 floats, 32 x 16 words).
 template <int D>
 inline void step2(const uint32_t* qp, const uint32_t* q2, const uint16_t* kp, int64_t ks, const uint16_t* vt,

@@ -25,7 +25,7 @@ struct V {
   // n = kExp2Min gives exactly 0 (a masked score, or one 2^-125 below the row's max), and every other result
   // p * 2^n (p in [2^-0.5, 2^0.5], n > kExp2Min) is a normal number. An instruction whose result is subnormal
   // or underflows to 0 takes a microcode assist on Intel cores: with a lower floor every masked lane cost one
-  // (docs/study.md §19).
+  // (docs/study.md §20).
   static constexpr float kExp2Min = -126.0f;
   static reg zero() { return _mm512_setzero_ps(); }
   static reg set1(float x) { return _mm512_set1_ps(x); }

@@ -515,7 +515,7 @@ void few_attend(const float* q, int64_t n_rows, int n_heads, const KvView& kv, i
 
 // Multiply-adds per second of vdpbf16ps over those of 512-bit f32 FMAs on the calling core: each instruction
 // stream timed over 12 independent chains of 2,048 steps, best of three, the two kinds alternating. It differs by
-// CPU, far above 1 on some and far below on others (docs/study.md §18, §19): the choice of products follows it.
+// CPU, far above 1 on some and far below on others (docs/study.md §18, §20): the choice of products follows it.
 inline double bf16_over_fma_rate() {
   constexpr int kChains = 12;
   constexpr long kSteps = 2048;

@@ -25,7 +25,7 @@ inline constexpr int64_t kFewRows = 8;
 
 // The kernels' revision: raised whenever a change moves what a kernel costs, so that auto's profiles
 // calibrated on older kernels (profile_cache.hpp keeps them per machine) are measured again, not reused. What
-// each revision changed, and what it gained, is listed in docs/study.md (§19).
+// each revision changed, and what it gained, is listed in docs/study.md (§20).
 inline constexpr int kKernelRevision = 12;
 
 // K/V token rows a kernel call asks for over its last tile: the start of what the calling thread attends next
