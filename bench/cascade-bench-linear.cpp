@@ -180,15 +180,19 @@ void multiply_group(const std::string& path, std::initializer_list<linear::Produ
   else linear::matmul_group(products, x, path_of(path));
 }
 
-}  // namespace
-
-int main(int argc, char** argv) try {
-  std::vector<std::string> shape_names = {"smollm2-135m"}, type_names = {"q4_1", "q8_0"}, paths = {"active", "f32"},
+// The command line.
+struct Args {
+  std::vector<std::string> shapes = {"smollm2-135m"}, types = {"q4_1", "q8_0"}, paths = {"active", "f32"},
                            mats = {"q", "k", "v", "o", "gate", "up", "down", "lm_head", "layers"};
   std::vector<int64_t> rows = {1, 8, 32, 128, 512};
   int threads = 0, reps = 7;
-  int64_t layers_flag = 0;
+  int64_t layers = 0;  // 0: the shape's max_layers
   std::string format = "md";
+  bool help = false;
+};
+
+Args parse_args(int argc, char** argv) {
+  Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     const auto value = [&]() -> std::string {
@@ -196,201 +200,270 @@ int main(int argc, char** argv) try {
       return argv[++i];
     };
     if (f == "-h" || f == "--help") {
-      usage();
-      return 0;
+      a.help = true;
+      return a;
     } else if (f == "--shape") {
-      shape_names = split_list(value());
+      a.shapes = split_list(value());
     } else if (f == "--rows") {
-      rows.clear();
-      for (const auto& s : split_list(value())) rows.push_back(parse_int(f, s, 1, 1 << 16));
+      a.rows.clear();
+      for (const auto& s : split_list(value())) a.rows.push_back(parse_int(f, s, 1, 1 << 16));
     } else if (f == "--type") {
-      type_names = split_list(value());
+      a.types = split_list(value());
     } else if (f == "--path") {
-      paths = split_list(value());
+      a.paths = split_list(value());
     } else if (f == "--matrices") {
-      mats = split_list(value());
+      a.mats = split_list(value());
     } else if (f == "--layers") {
-      layers_flag = parse_int(f, value(), 1, 1024);
+      a.layers = parse_int(f, value(), 1, 1024);
     } else if (f == "--threads") {
-      threads = int(parse_int(f, value(), 0, 1024));
+      a.threads = int(parse_int(f, value(), 0, 1024));
     } else if (f == "--reps") {
-      reps = int(parse_int(f, value(), 1, 1000));
+      a.reps = int(parse_int(f, value(), 1, 1000));
     } else if (f == "-o") {
-      format = value();
-      if (format != "md" && format != "csv" && format != "json") die("-o: expected md, csv or json");
+      a.format = value();
+      if (a.format != "md" && a.format != "csv" && a.format != "json") die("-o: expected md, csv or json");
     } else {
       die("unknown flag '" + f + "' (see --help)");
     }
   }
+  return a;
+}
+
+// Resolves "active" to the default path and checks every name the arguments give; an error names the first bad
+// one. Returns the weight types.
+std::vector<TensorType> check_args(Args& a) {
   std::vector<TensorType> types;
-  for (const auto& s : type_names) types.push_back(parse_type(s));
-  for (auto& p : paths) {
+  for (const auto& s : a.types) types.push_back(parse_type(s));
+  for (auto& p : a.paths) {
     if (p == "active") p = linear::path_name(linear::active_path());
     if (p != "f32" && p != "portable" && p != "avx2" && p != "avx-vnni" && p != "avx512-vnni")
       die("--path: unknown path '" + p + "'");
-    if (p != "f32" && p != "portable") {
-      const linear::Path lp = p == "avx2" ? linear::Path::avx2 : p == "avx-vnni" ? linear::Path::avx_vnni
-                                                                                  : linear::Path::avx512_vnni;
-      if (!linear::can_run(lp)) die("--path: this CPU cannot run the " + p + " path");
-    }
+    if (p != "f32" && p != "portable" && !linear::can_run(path_of(p)))
+      die("--path: this CPU cannot run the " + p + " path");
   }
-  for (const auto& m : mats)
+  for (const auto& m : a.mats)
     if (m != "layers" && m != "q" && m != "k" && m != "v" && m != "o" && m != "gate" && m != "up" && m != "down" &&
         m != "lm_head")
       die("--matrices: unknown matrix '" + m + "'");
-  for (const auto& s : shape_names)
+  for (const auto& s : a.shapes)
     if (!shapes().count(s)) die("--shape: unknown shape '" + s + "'");
-  if (threads == 0) threads = tbb::info::default_concurrency();
-  tbb::global_control gc(tbb::global_control::max_allowed_parallelism, size_t(threads));
+  return types;
+}
 
-  // The machine's limits, in this run.
-  const double bw = bench::measure_read_bandwidth(threads);
+// The machine's limits, in this run: read bandwidth (bytes/s) and each path's peak (ops/s; 0 for portable).
+struct Limits {
+  double bw = 0;
   std::map<std::string, double> peak;
+};
+
+Limits measure_limits(const std::vector<std::string>& paths, int threads) {
+  Limits l;
+  l.bw = bench::measure_read_bandwidth(threads);
   for (const auto& p : paths) {
-    if (p == "f32") peak[p] = bench::measure_gemm_rate(threads);
-    else if (p == "portable") peak[p] = 0;
-    else
-      peak[p] = bench::measure_int8_peak(p == "avx2" ? linear::Path::avx2 : p == "avx-vnni" ? linear::Path::avx_vnni
-                                                                                            : linear::Path::avx512_vnni,
-                                         threads);
+    if (p == "f32") l.peak[p] = bench::measure_gemm_rate(threads);
+    else if (p == "portable") l.peak[p] = 0;
+    else l.peak[p] = bench::measure_int8_peak(path_of(p), threads);
   }
-  std::fprintf(stderr, "cascade-bench-linear: %d threads, read bandwidth %.1f GB/s", threads, bw / 1e9);
-  for (const auto& [p, v] : peak)
+  std::fprintf(stderr, "cascade-bench-linear: %d threads, read bandwidth %.1f GB/s", threads, l.bw / 1e9);
+  for (const auto& [p, v] : l.peak)
     if (v > 0) std::fprintf(stderr, ", %s peak %.0f G%s/s", p.c_str(), v / 1e9, p == "f32" ? "FLOP" : "OP");
   std::fprintf(stderr, "\n");
+  return l;
+}
 
+// The weights of one shape and type: one copy of each matrix asked for (single), and for the 'layers' rows
+// n_layers copies of the layer's seven and one lm_head (empty layer_w where a matrix's n_in is not a whole number
+// of blocks, or 'layers' was not asked for).
+struct Weights {
+  TensorType type;
+  std::map<std::string, std::vector<uint8_t>> single;
+  std::vector<std::vector<uint8_t>> store;
+  std::vector<std::vector<linear::Matrix>> layer_w;
+  linear::Matrix lm_head{};
+};
+
+void make_weights(const Shape& shape, TensorType t, const std::vector<std::string>& mats, int64_t n_layers,
+                  Weights& w) {
+  w.type = t;
+  const int64_t bs = cascade::gguf::block_size(t);
+  const auto ok = [&](const MatShape& m) { return m.n_in % bs == 0; };
+  const std::vector<MatShape> all = matrices(shape);
+  for (const MatShape& m : all)
+    if (ok(m) && std::count(mats.begin(), mats.end(), m.name)) w.single[m.name] = random_weights(t, m.n_in, m.n_out, 1);
+  if (!std::count(mats.begin(), mats.end(), "layers") || !std::all_of(all.begin(), all.end(), ok)) return;
+  for (int64_t il = 0; il < n_layers; ++il) {
+    std::vector<linear::Matrix> ws;
+    for (size_t j = 0; j + 1 < all.size(); ++j) {
+      w.store.push_back(random_weights(t, all[j].n_in, all[j].n_out, uint64_t(100 * il + j)));
+      ws.push_back(linear::Matrix::view(t, w.store.back().data(), all[j].n_in, all[j].n_out));
+    }
+    w.layer_w.push_back(ws);
+  }
+  w.store.push_back(random_weights(t, shape.n_embd, shape.n_vocab, 7));
+  w.lm_head = linear::Matrix::view(t, w.store.back().data(), shape.n_embd, shape.n_vocab);
+}
+
+// X (n rows of the widest input) and three outputs of the widest output.
+struct Buffers {
+  std::vector<float> x, y, y2, y3;
+};
+
+// The median of `reps` timed calls of f (ms), after one untimed; the caches flushed before each.
+template <class F>
+double time_ms(bench::CacheFlusher& flusher, int reps, F&& f) {
+  std::vector<double> ms;
+  for (int rep = -1; rep < reps; ++rep) {
+    flusher.flush();
+    const double t0 = now_s();
+    f();
+    if (rep >= 0) ms.push_back(1e3 * (now_s() - t0));
+  }
+  return median(ms);
+}
+
+// One row per matrix of w.single: each multiplied alone.
+void time_single(const Shape& shape, const Weights& w, const std::string& path, int64_t n, Buffers& b, int reps,
+                 bench::CacheFlusher& flusher, std::vector<Row>& out) {
+  for (const MatShape& m : matrices(shape)) {
+    if (!w.single.count(m.name)) continue;
+    const auto mat = linear::Matrix::view(w.type, w.single.at(m.name).data(), m.n_in, m.n_out);
+    const double ms = time_ms(flusher, reps, [&] {
+      const linear::Input in(b.x.data(), n, m.n_in);  // quantizing X is part of the product
+      multiply(path, mat, in, b.y.data());
+    });
+    out.push_back({shape.name, m.name, cascade::gguf::type_name(w.type), path, n, m.n_in, m.n_out, 1, ms,
+                   double(mat.bytes()), 2.0 * double(n) * double(mat.n_in) * double(mat.n_out)});
+  }
+}
+
+// The 'layers' row: every layer's products in the order of a forward pass, then the lm_head.
+void time_layers(const Shape& shape, const Weights& w, const std::string& path, int64_t n, Buffers& b, int reps,
+                 bench::CacheFlusher& flusher, std::vector<Row>& out) {
+  double bytes = double(w.lm_head.bytes()), ops = 2.0 * double(n) * double(w.lm_head.n_in) * double(w.lm_head.n_out);
+  for (const auto& ws : w.layer_w)
+    for (const auto& m : ws) bytes += double(m.bytes()), ops += 2.0 * double(n) * double(m.n_in) * double(m.n_out);
+  const double ms = time_ms(flusher, reps, [&] {
+    for (const auto& ws : w.layer_w) {
+      multiply_group(path, {{&ws[0], b.y.data()}, {&ws[1], b.y2.data()}, {&ws[2], b.y3.data()}},
+                     linear::Input(b.x.data(), n, shape.n_embd));
+      multiply(path, ws[3], linear::Input(b.x.data(), n, shape.n_q), b.y.data());
+      multiply_group(path, {{&ws[4], b.y.data()}, {&ws[5], b.y2.data()}}, linear::Input(b.x.data(), n, shape.n_embd));
+      multiply(path, ws[6], linear::Input(b.x.data(), n, shape.n_ff), b.y.data());
+    }
+    multiply(path, w.lm_head, linear::Input(b.x.data(), n, shape.n_embd), b.y.data());
+  });
+  const int64_t n_layers = int64_t(w.layer_w.size());
+  out.push_back({shape.name, "layers", cascade::gguf::type_name(w.type), path, n, shape.n_embd, n_layers,
+                 n_layers * 7 + 1, ms, bytes, ops});
+}
+
+// Every row of one shape and type, for each number of rows of X and path.
+void time_shape(const Shape& shape, const Weights& w, const Args& a, bench::CacheFlusher& flusher,
+                std::vector<Row>& out) {
+  for (int64_t n : a.rows) {
+    std::mt19937 rng(static_cast<uint32_t>(n));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t widest = std::max(shape.n_ff, shape.n_vocab);
+    Buffers b;
+    b.x.resize(size_t(n * std::max(shape.n_ff, shape.n_q)));
+    b.y.resize(size_t(n * widest));
+    b.y2.resize(size_t(n * widest));
+    b.y3.resize(size_t(n * widest));
+    for (auto& v : b.x) v = nd(rng);
+    for (const auto& path : a.paths) {
+      time_single(shape, w, path, n, b, a.reps, flusher, out);
+      if (!w.layer_w.empty() && (n <= 128 || shape.name == "smollm2-135m"))
+        time_layers(shape, w, path, n, b, a.reps, flusher, out);
+    }
+  }
+}
+
+// The f32 path's time of the same point as r (0 where it was not run).
+double f32_ms(const std::vector<Row>& out, const Row& r) {
+  for (const Row& o : out)
+    if (o.path == "f32" && o.shape == r.shape && o.matrix == r.matrix && o.type == r.type && o.rows == r.rows)
+      return o.ms;
+  return 0;
+}
+
+void print_md(const std::vector<Row>& out, int threads, const Limits& l) {
+  std::printf("threads %d, read bandwidth %.1f GB/s", threads, l.bw / 1e9);
+  for (const auto& [p, v] : l.peak)
+    if (v > 0) std::printf(", %s peak %.0f G%s/s", p.c_str(), v / 1e9, p == "f32" ? "FLOP" : "OP");
+  std::printf("\n\n| shape | matrix | n_out x n_in | type | rows | path | ms | GB/s | of bw | GOP/s | of peak "
+              "| vs f32 |\n");
+  std::printf("|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|\n");
+  for (const Row& r : out) {
+    const double gbs = r.bytes / (r.ms * 1e-3) / 1e9, gops = r.ops / (r.ms * 1e-3) / 1e9;
+    const double pk = l.peak.at(r.path), f = f32_ms(out, r);
+    const std::string dims = r.matrix == "layers" ? std::to_string(r.n_out) + " layers + lm_head"
+                                                  : std::to_string(r.n_out) + " x " + std::to_string(r.n_in);
+    std::printf("| %s | %s | %s | %s | %lld | %s | %.3f | %.1f | %.0f%% | %.1f | %s | %s |\n", r.shape.c_str(),
+                r.matrix.c_str(), dims.c_str(), r.type.c_str(), (long long)r.rows, r.path.c_str(), r.ms, gbs,
+                100 * gbs * 1e9 / l.bw, gops,
+                pk > 0 ? (std::to_string(int(std::lround(100 * gops * 1e9 / pk))) + "%").c_str() : "-",
+                f > 0 && r.path != "f32" ? (std::to_string(f / r.ms).substr(0, 5) + "x").c_str() : "-");
+  }
+}
+
+void print_csv(const std::vector<Row>& out, const Limits& l) {
+  std::printf("shape,matrix,n_in,n_out,n_matrices,type,rows,path,ms,bytes,ops,gb_s,gop_s,read_bw_gb_s,peak_gop_s,"
+              "vs_f32\n");
+  for (const Row& r : out) {
+    const double f = f32_ms(out, r);
+    std::printf("%s,%s,%lld,%lld,%lld,%s,%lld,%s,%.6f,%.0f,%.0f,%.3f,%.3f,%.3f,%.3f,%.4f\n", r.shape.c_str(),
+                r.matrix.c_str(), (long long)r.n_in, (long long)r.n_out, (long long)r.n_matrices, r.type.c_str(),
+                (long long)r.rows, r.path.c_str(), r.ms, r.bytes, r.ops, r.bytes / r.ms / 1e6, r.ops / r.ms / 1e6,
+                l.bw / 1e9, l.peak.at(r.path) / 1e9, f > 0 ? f / r.ms : 0.0);
+  }
+}
+
+void print_json(const std::vector<Row>& out, int threads, const Limits& l) {
+  std::printf("{\"threads\": %d, \"read_bw_gb_s\": %.3f, \"peak_gop_s\": {", threads, l.bw / 1e9);
+  bool first = true;
+  for (const auto& [p, v] : l.peak) {
+    std::printf("%s\"%s\": %.3f", first ? "" : ", ", p.c_str(), v / 1e9);
+    first = false;
+  }
+  std::printf("}, \"rows\": [\n");
+  for (size_t i = 0; i < out.size(); ++i) {
+    const Row& r = out[i];
+    const double f = f32_ms(out, r);
+    std::printf("  {\"shape\": \"%s\", \"matrix\": \"%s\", \"n_in\": %lld, \"n_out\": %lld, \"n_matrices\": %lld, "
+                "\"type\": \"%s\", \"rows\": %lld, \"path\": \"%s\", \"ms\": %.6f, \"bytes\": %.0f, \"ops\": %.0f, "
+                "\"gb_s\": %.3f, \"gop_s\": %.3f, \"vs_f32\": %.4f}%s\n",
+                r.shape.c_str(), r.matrix.c_str(), (long long)r.n_in, (long long)r.n_out, (long long)r.n_matrices,
+                r.type.c_str(), (long long)r.rows, r.path.c_str(), r.ms, r.bytes, r.ops, r.bytes / r.ms / 1e6,
+                r.ops / r.ms / 1e6, f > 0 ? f / r.ms : 0.0, i + 1 < out.size() ? "," : "");
+  }
+  std::printf("]}\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  Args a = parse_args(argc, argv);
+  if (a.help) {
+    usage();
+    return 0;
+  }
+  const std::vector<TensorType> types = check_args(a);
+  const int threads = a.threads ? a.threads : tbb::info::default_concurrency();
+  tbb::global_control gc(tbb::global_control::max_allowed_parallelism, size_t(threads));
+  const Limits limits = measure_limits(a.paths, threads);
   bench::CacheFlusher flusher;
   std::vector<Row> out;
-  for (const auto& sn : shape_names) {
+  for (const auto& sn : a.shapes) {
     const Shape& shape = shapes().at(sn);
-    const int64_t n_layers = layers_flag ? layers_flag : shape.max_layers;
     for (TensorType t : types) {
-      const int64_t bs = cascade::gguf::block_size(t);
-      const auto ok = [&](const MatShape& m) { return m.n_in % bs == 0; };
-      // one copy of each matrix; for 'layers', n_layers copies of the layer's seven and one lm_head
-      std::map<std::string, std::vector<uint8_t>> single;
-      std::vector<std::vector<uint8_t>> layer_store;
-      for (const MatShape& m : matrices(shape))
-        if (ok(m) && std::count(mats.begin(), mats.end(), m.name)) single[m.name] = random_weights(t, m.n_in, m.n_out, 1);
-      const std::vector<MatShape> all = matrices(shape);
-      const bool do_layers = std::count(mats.begin(), mats.end(), "layers") && std::all_of(all.begin(), all.end(), ok);
-      std::vector<std::vector<linear::Matrix>> layer_w;
-      linear::Matrix lm_head{};
-      if (do_layers) {
-        const auto& ms = all;
-        for (int64_t il = 0; il < n_layers; ++il) {
-          std::vector<linear::Matrix> ws;
-          for (size_t j = 0; j + 1 < ms.size(); ++j) {
-            layer_store.push_back(random_weights(t, ms[j].n_in, ms[j].n_out, uint64_t(100 * il + j)));
-            ws.push_back(linear::Matrix::view(t, layer_store.back().data(), ms[j].n_in, ms[j].n_out));
-          }
-          layer_w.push_back(ws);
-        }
-        layer_store.push_back(random_weights(t, shape.n_embd, shape.n_vocab, 7));
-        lm_head = linear::Matrix::view(t, layer_store.back().data(), shape.n_embd, shape.n_vocab);
-      }
-      for (int64_t n : rows) {
-        std::mt19937 rng(static_cast<uint32_t>(n));
-        std::normal_distribution<float> nd(0.0f, 1.0f);
-        const int64_t widest = std::max(shape.n_ff, shape.n_vocab);
-        std::vector<float> x(size_t(n * std::max(shape.n_ff, shape.n_q))), y(size_t(n * widest)),
-            y2(size_t(n * widest)), y3(size_t(n * widest));
-        for (auto& v : x) v = nd(rng);
-        for (const auto& path : paths) {
-          for (const MatShape& m : matrices(shape)) {
-            if (!single.count(m.name)) continue;
-            const auto w = linear::Matrix::view(t, single[m.name].data(), m.n_in, m.n_out);
-            std::vector<double> ms;
-            for (int rep = -1; rep < reps; ++rep) {
-              flusher.flush();
-              const linear::Input in(x.data(), n, m.n_in);  // quantizing X is part of the product
-              const double t0 = now_s();
-              multiply(path, w, in, y.data());
-              if (rep >= 0) ms.push_back(1e3 * (now_s() - t0));
-            }
-            out.push_back({sn, m.name, cascade::gguf::type_name(t), path, n, m.n_in, m.n_out, 1, median(ms),
-                           double(w.bytes()), 2.0 * double(n) * double(m.n_in) * double(m.n_out)});
-          }
-          if (do_layers && (n <= 128 || shape.name == "smollm2-135m")) {
-            std::vector<double> ms;
-            double bytes = double(lm_head.bytes()), ops = 2.0 * double(n) * double(lm_head.n_in) * double(lm_head.n_out);
-            for (const auto& ws : layer_w)
-              for (const auto& w : ws) bytes += double(w.bytes()), ops += 2.0 * double(n) * double(w.n_in) * double(w.n_out);
-            for (int rep = -1; rep < reps; ++rep) {
-              flusher.flush();
-              const double t0 = now_s();
-              for (const auto& ws : layer_w) {
-                multiply_group(path, {{&ws[0], y.data()}, {&ws[1], y2.data()}, {&ws[2], y3.data()}},
-                               linear::Input(x.data(), n, shape.n_embd));
-                multiply(path, ws[3], linear::Input(x.data(), n, shape.n_q), y.data());
-                multiply_group(path, {{&ws[4], y.data()}, {&ws[5], y2.data()}},
-                               linear::Input(x.data(), n, shape.n_embd));
-                multiply(path, ws[6], linear::Input(x.data(), n, shape.n_ff), y.data());
-              }
-              multiply(path, lm_head, linear::Input(x.data(), n, shape.n_embd), y.data());
-              if (rep >= 0) ms.push_back(1e3 * (now_s() - t0));
-            }
-            out.push_back({sn, "layers", cascade::gguf::type_name(t), path, n, shape.n_embd, n_layers,
-                           n_layers * 7 + 1, median(ms), bytes, ops});
-          }
-        }
-      }
+      Weights w;
+      make_weights(shape, t, a.mats, a.layers ? a.layers : shape.max_layers, w);
+      time_shape(shape, w, a, flusher, out);
     }
   }
-
-  // speed against the f32 path of the same point
-  const auto f32_ms = [&](const Row& r) -> double {
-    for (const Row& o : out)
-      if (o.path == "f32" && o.shape == r.shape && o.matrix == r.matrix && o.type == r.type && o.rows == r.rows)
-        return o.ms;
-    return 0;
-  };
-  if (format == "md") {
-    std::printf("threads %d, read bandwidth %.1f GB/s", threads, bw / 1e9);
-    for (const auto& [p, v] : peak)
-      if (v > 0) std::printf(", %s peak %.0f G%s/s", p.c_str(), v / 1e9, p == "f32" ? "FLOP" : "OP");
-    std::printf("\n\n| shape | matrix | n_out x n_in | type | rows | path | ms | GB/s | of bw | GOP/s | of peak | vs f32 |\n");
-    std::printf("|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|\n");
-    for (const Row& r : out) {
-      const double gbs = r.bytes / (r.ms * 1e-3) / 1e9, gops = r.ops / (r.ms * 1e-3) / 1e9;
-      const double pk = peak[r.path], f = f32_ms(r);
-      const std::string dims = r.matrix == "layers" ? std::to_string(r.n_out) + " layers + lm_head"
-                                                    : std::to_string(r.n_out) + " x " + std::to_string(r.n_in);
-      std::printf("| %s | %s | %s | %s | %lld | %s | %.3f | %.1f | %.0f%% | %.1f | %s | %s |\n", r.shape.c_str(),
-                  r.matrix.c_str(), dims.c_str(), r.type.c_str(), (long long)r.rows, r.path.c_str(), r.ms, gbs,
-                  100 * gbs * 1e9 / bw, gops, pk > 0 ? (std::to_string(int(std::lround(100 * gops * 1e9 / pk))) + "%").c_str() : "-",
-                  f > 0 && r.path != "f32" ? (std::to_string(f / r.ms).substr(0, 5) + "x").c_str() : "-");
-    }
-  } else if (format == "csv") {
-    std::printf("shape,matrix,n_in,n_out,n_matrices,type,rows,path,ms,bytes,ops,gb_s,gop_s,read_bw_gb_s,peak_gop_s,"
-                "vs_f32\n");
-    for (const Row& r : out) {
-      const double f = f32_ms(r);
-      std::printf("%s,%s,%lld,%lld,%lld,%s,%lld,%s,%.6f,%.0f,%.0f,%.3f,%.3f,%.3f,%.3f,%.4f\n", r.shape.c_str(),
-                  r.matrix.c_str(), (long long)r.n_in, (long long)r.n_out, (long long)r.n_matrices, r.type.c_str(),
-                  (long long)r.rows, r.path.c_str(), r.ms, r.bytes, r.ops, r.bytes / r.ms / 1e6, r.ops / r.ms / 1e6,
-                  bw / 1e9, peak[r.path] / 1e9, f > 0 ? f / r.ms : 0.0);
-    }
-  } else {
-    std::printf("{\"threads\": %d, \"read_bw_gb_s\": %.3f, \"peak_gop_s\": {", threads, bw / 1e9);
-    bool first = true;
-    for (const auto& [p, v] : peak) {
-      std::printf("%s\"%s\": %.3f", first ? "" : ", ", p.c_str(), v / 1e9);
-      first = false;
-    }
-    std::printf("}, \"rows\": [\n");
-    for (size_t i = 0; i < out.size(); ++i) {
-      const Row& r = out[i];
-      const double f = f32_ms(r);
-      std::printf("  {\"shape\": \"%s\", \"matrix\": \"%s\", \"n_in\": %lld, \"n_out\": %lld, \"n_matrices\": %lld, "
-                  "\"type\": \"%s\", \"rows\": %lld, \"path\": \"%s\", \"ms\": %.6f, \"bytes\": %.0f, \"ops\": %.0f, "
-                  "\"gb_s\": %.3f, \"gop_s\": %.3f, \"vs_f32\": %.4f}%s\n",
-                  r.shape.c_str(), r.matrix.c_str(), (long long)r.n_in, (long long)r.n_out, (long long)r.n_matrices,
-                  r.type.c_str(), (long long)r.rows, r.path.c_str(), r.ms, r.bytes, r.ops, r.bytes / r.ms / 1e6,
-                  r.ops / r.ms / 1e6, f > 0 ? f / r.ms : 0.0, i + 1 < out.size() ? "," : "");
-    }
-    std::printf("]}\n");
-  }
+  if (a.format == "md") print_md(out, threads, limits);
+  else if (a.format == "csv") print_csv(out, limits);
+  else print_json(out, threads, limits);
   return 0;
 } catch (const std::exception& e) {
   die(e.what());

@@ -20,18 +20,71 @@ using gguf::TensorType;
 
 namespace {
 
-bool is_float_type(TensorType t) { return t == TensorType::F32 || t == TensorType::F16 || t == TensorType::BF16; }
+constexpr bool is_float_type(TensorType t) {
+  return t == TensorType::F32 || t == TensorType::F16 || t == TensorType::BF16;
+}
 
-const detail::Kernels& kernels_for(Path p) {
-  const detail::Kernels* k = nullptr;
-  switch (p) {
-    case Path::portable: return detail::portable_kernels();
-    case Path::avx2: k = detail::avx2_kernels(); break;
-    case Path::avx_vnni: k = detail::avx_vnni_kernels(); break;
-    case Path::avx512_vnni: k = detail::avx512_vnni_kernels(); break;
+// Calls f.template operator()<T>() for the weight type t (one the runtime reads: Matrix::view checked it).
+template <class F>
+void with_type(TensorType t, F&& f) {
+  switch (t) {
+    case TensorType::Q4_0: return f.template operator()<TensorType::Q4_0>();
+    case TensorType::Q4_1: return f.template operator()<TensorType::Q4_1>();
+    case TensorType::Q8_0: return f.template operator()<TensorType::Q8_0>();
+    case TensorType::Q4_K: return f.template operator()<TensorType::Q4_K>();
+    case TensorType::Q5_K: return f.template operator()<TensorType::Q5_K>();
+    case TensorType::Q6_K: return f.template operator()<TensorType::Q6_K>();
+    case TensorType::F32: return f.template operator()<TensorType::F32>();
+    case TensorType::F16: return f.template operator()<TensorType::F16>();
+    case TensorType::BF16: return f.template operator()<TensorType::BF16>();
+    default: ::cascade::detail::fail("linear: tensor type ", gguf::type_name(t), " has no kernels");
   }
-  CASCADE_CHECK(k != nullptr, "linear: the ", path_name(p), " kernels are not part of this build");
-  return *k;
+}
+
+}  // namespace
+
+// The one place that picks a tier: `call` (an entry point of linear_kernels.hpp) in the namespace of path `path`.
+#if CASCADE_X86
+#define CASCADE_LINEAR_ON_TIER(path, call)                  \
+  switch (path) {                                           \
+    case Path::portable: return ::cascade::linear::detail::portable::call;       \
+    case Path::avx2: return ::cascade::linear::detail::avx2::call;               \
+    case Path::avx_vnni: return ::cascade::linear::detail::avx_vnni::call;       \
+    case Path::avx512_vnni: return ::cascade::linear::detail::avx512_vnni::call; \
+  }                                                         \
+  ::cascade::detail::fail("linear: unknown path ", int(path))
+#else
+#define CASCADE_LINEAR_ON_TIER(path, call)                                                        \
+  CASCADE_CHECK(path == Path::portable, "linear: the ", path_name(path), " kernels are not part of this build"); \
+  return ::cascade::linear::detail::portable::call
+#endif
+
+namespace detail {
+
+int int8_lanes(Path path, int64_t n) { CASCADE_LINEAR_ON_TIER(path, int8_lanes(n)); }
+
+void quantize(Path path, const float* x, int64_t n, int64_t n_in, int lanes, Int8Form& f) {
+  f.lanes = lanes;
+  CASCADE_LINEAR_ON_TIER(path, quantize(x, n, n_in, f));
+}
+
+bool bf16_dot(Path path) { return path == Path::avx512_vnni && cpu_features().avx512_bf16; }
+
+}  // namespace detail
+
+namespace {
+
+// Y[t, i] for t in [t0, t1), i in [i0, i1) on path's tier: the int8 form f for quantized weights, x (and xb, the
+// bf16 form where BF16 weights take it) for float ones.
+void rows_on(Path path, const Matrix& w, const detail::Int8Form* f, const float* x, const uint16_t* xb, int64_t i0,
+             int64_t i1, int64_t t0, int64_t t1, float* y) {
+  with_type(w.type, [&]<TensorType T>() {
+    if constexpr (is_float_type(T)) {
+      CASCADE_LINEAR_ON_TIER(path, rows_float<T>(w, x, xb, i0, i1, t0, t1, y));
+    } else {
+      CASCADE_LINEAR_ON_TIER(path, rows_int8<T>(w, *f, i0, i1, t0, t1, y));
+    }
+  });
 }
 
 }  // namespace
@@ -76,9 +129,9 @@ bool can_run(Path p) {
   const Isa isa = active_isa();
   switch (p) {
     case Path::portable: return true;
-    case Path::avx2: return isa >= Isa::avx2 && detail::avx2_kernels() != nullptr;
-    case Path::avx_vnni: return isa >= Isa::avx2 && f.avx_vnni && detail::avx_vnni_kernels() != nullptr;
-    case Path::avx512_vnni: return isa >= Isa::avx512 && f.avx512_vnni && detail::avx512_vnni_kernels() != nullptr;
+    case Path::avx2: return CASCADE_X86 && isa >= Isa::avx2;
+    case Path::avx_vnni: return CASCADE_X86 && isa >= Isa::avx2 && f.avx_vnni;
+    case Path::avx512_vnni: return CASCADE_X86 && isa >= Isa::avx512 && f.avx512_vnni;
   }
   return false;
 }
@@ -160,13 +213,10 @@ std::vector<uint16_t> Input::bf16() const {
 
 namespace {
 
-const detail::Int8Form& int8_form(const detail::Kernels& k, const Input& x) {
+const detail::Int8Form& int8_form(Path path, const Input& x) {
   detail::Int8Form& f = x.forms().int8;
-  const int lanes = k.int8_lanes(x.n());
-  if (f.lanes != lanes) {
-    f.lanes = lanes;
-    k.quantize(x.data(), x.n(), x.n_in(), f);
-  }
+  const int lanes = detail::int8_lanes(path, x.n());
+  if (f.lanes != lanes) detail::quantize(path, x.data(), x.n(), x.n_in(), lanes, f);
   return f;
 }
 
@@ -202,11 +252,10 @@ void matmul_group(std::initializer_list<Product> products, const Input& x, Path 
     any_bf16 |= p.w->type == TensorType::BF16;
   }
   if (x.n() == 0 || n_products == 0) return;
-  const detail::Kernels& k = kernels_for(path);
-  const detail::Int8Form* f = any_int8 ? &int8_form(k, x) : nullptr;
-  const uint16_t* xb = any_bf16 && k.bf16_dot ? bf16_form(x) : nullptr;
+  const detail::Int8Form* f = any_int8 ? &int8_form(path, x) : nullptr;
+  const uint16_t* xb = any_bf16 && detail::bf16_dot(path) ? bf16_form(x) : nullptr;
   // Panels of all the products in one index space: product j's panels are [first[j], first[j + 1]).
-  const int64_t pr = k.panel_rows;
+  const int64_t pr = detail::kPanelRows;
   std::vector<int64_t> first(size_t(n_products + 1), 0);
   for (int64_t j = 0; j < n_products; ++j)
     first[size_t(j + 1)] = first[size_t(j)] + (ps[j].w->n_out + pr - 1) / pr;
@@ -215,9 +264,8 @@ void matmul_group(std::initializer_list<Product> products, const Input& x, Path 
   for (int64_t t0 = 0; t0 < n; t0 += block) {
     const int64_t t1 = std::min(n, t0 + block);
     // One contiguous share of the panels per thread (static_partitioner): each thread streams one run of W, and a
-    // call forks and joins once. The auto partitioner's splitting and stealing cost ~1 us a call and started
-    // more runs cold: SmolLM2's four calls of a layer at one row of X, weights in the cache, two threads,
-    // 76-80 -> 69-71 us (one thread: 138 us); cascade-generate with 8 sequences 531-539 -> 554-558 tokens/s.
+    // call forks and joins once. The auto partitioner's splitting and stealing cost more a call and started more
+    // runs cold (docs/study.md, section 14).
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, first.back()), [&](const tbb::blocked_range<int64_t>& r) {
       // the range may span products: one kernel call per product it covers
       int64_t j = int64_t(std::upper_bound(first.begin(), first.end(), r.begin()) - first.begin()) - 1;
@@ -226,8 +274,7 @@ void matmul_group(std::initializer_list<Product> products, const Input& x, Path 
         const Matrix& w = *ps[j].w;
         const int64_t i0 = (p0 - first[size_t(j)]) * pr, i1 = std::min(w.n_out, (p1 - first[size_t(j)]) * pr);
         if (i1 <= i0) continue;  // a matrix of no rows
-        if (!is_float_type(w.type)) k.rows_int8(w, *f, i0, i1, t0, t1, ps[j].y);
-        else k.rows_float(w, x.data(), w.type == TensorType::BF16 ? xb : nullptr, i0, i1, t0, t1, ps[j].y);
+        rows_on(path, w, f, x.data(), w.type == TensorType::BF16 ? xb : nullptr, i0, i1, t0, t1, ps[j].y);
         p0 = p1;
       }
     }, tbb::static_partitioner());
@@ -293,37 +340,40 @@ void matmul_f32(const Matrix& w, const float* x, int64_t n, float* y) {
 // inputs as zero (losing |w x| < 2^-126 |x| for a subnormal w, < 2^-126 |w| for a subnormal x) and flushes each
 // FMA result below 2^-126 to zero (losing < 2^-126, one FMA per term), so instead of the above it adds
 //   2 * 2^-126 * sum over k of (1 + |w[k]| + |x[k]|).
-void reference(const Matrix& w, const Input& x, Path path, std::vector<double>& y, std::vector<double>& bound) {
-  CASCADE_CHECK(x.n_in() == w.n_in, "linear reference: input rows of ", x.n_in(), " values for ", w.n_in,
-                " columns");
+namespace {
+
+constexpr double kU = 0x1p-24, kEta2 = 0x1p-149;  // u and 2 eta above
+double gamma(double m) { return m * kU / (1 - m * kU); }
+
+// reference() for F32, F16 and BF16 weights; y and bound sized (x.n(), w.n_out), zero.
+void reference_float(const Matrix& w, const Input& x, Path path, std::vector<double>& y, std::vector<double>& bound) {
   const int64_t n = x.n(), K = w.n_in;
-  y.assign(size_t(n * w.n_out), 0.0);
-  bound.assign(y.size(), 0.0);
-  const double u = std::ldexp(1.0, -24), eta2 = std::ldexp(1.0, -149);
-  const auto gamma = [&](double m) { return m * u / (1 - m * u); };
   std::vector<float> wr(static_cast<size_t>(K));
-  if (is_float_type(w.type)) {
-    const bool bf16 = w.type == TensorType::BF16 && kernels_for(path).bf16_dot;
-    std::vector<double> xq(size_t(n * K));
-    for (size_t i = 0; i < xq.size(); ++i)
-      xq[i] = bf16 ? double(gguf::bf16_to_fp32(gguf::fp32_to_bf16(x.data()[i]))) : double(x.data()[i]);
-    const double g = gamma(double(K + 16) + 2);
-    for (int64_t i = 0; i < w.n_out; ++i) {
-      w.row(i, wr.data());
-      for (int64_t r = 0; r < n; ++r) {
-        double s = 0, a = 0, flushed = 0;
-        for (int64_t k = 0; k < K; ++k) {
-          const double t = double(wr[k]) * xq[r * K + k];
-          s += t;
-          a += std::fabs(t);
-          flushed += 1 + std::fabs(double(wr[k])) + std::fabs(xq[r * K + k]);
-        }
-        y[r * w.n_out + i] = s;
-        bound[r * w.n_out + i] = g * a + (bf16 ? 2 * flushed * std::ldexp(1.0, -126) : double(K) * eta2);
+  const bool bf16 = w.type == TensorType::BF16 && detail::bf16_dot(path);
+  std::vector<double> xq(size_t(n * K));
+  for (size_t i = 0; i < xq.size(); ++i)
+    xq[i] = bf16 ? double(gguf::bf16_to_fp32(gguf::fp32_to_bf16(x.data()[i]))) : double(x.data()[i]);
+  const double g = gamma(double(K + 16) + 2);
+  for (int64_t i = 0; i < w.n_out; ++i) {
+    w.row(i, wr.data());
+    for (int64_t r = 0; r < n; ++r) {
+      double s = 0, a = 0, flushed = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double t = double(wr[k]) * xq[r * K + k];
+        s += t;
+        a += std::fabs(t);
+        flushed += 1 + std::fabs(double(wr[k])) + std::fabs(xq[r * K + k]);
       }
+      y[r * w.n_out + i] = s;
+      bound[r * w.n_out + i] = g * a + (bf16 ? 2 * flushed * 0x1p-126 : double(K) * kEta2);
     }
-    return;
   }
+}
+
+// reference() for quantized weights, on the activations' int8 codes; y and bound as reference_float's.
+void reference_int8(const Matrix& w, const Input& x, std::vector<double>& y, std::vector<double>& bound) {
+  const int64_t n = x.n(), K = w.n_in;
+  std::vector<float> wr(static_cast<size_t>(K));
   const Input::Int8 f = x.int8_natural();
   const int64_t G = gguf::code_group_size(w.type), n_groups = K / G;
   std::vector<uint8_t> code(static_cast<size_t>(K));
@@ -350,9 +400,20 @@ void reference(const Matrix& w, const Input& x, Path path, std::vector<double>& 
       // (never below 2^-126: scale and offset are multiples of 2^-24).
       double wx = 0;
       for (int64_t k = 0; k < K; ++k) wx += std::fabs(double(wr[k]) * double(d[k / 32]) * double(q[k]));
-      bound[r * w.n_out + i] = g * mag + u * wx + under * eta2;
+      bound[r * w.n_out + i] = g * mag + kU * wx + under * kEta2;
     }
   }
+}
+
+}  // namespace
+
+void reference(const Matrix& w, const Input& x, Path path, std::vector<double>& y, std::vector<double>& bound) {
+  CASCADE_CHECK(x.n_in() == w.n_in, "linear reference: input rows of ", x.n_in(), " values for ", w.n_in,
+                " columns");
+  y.assign(size_t(x.n() * w.n_out), 0.0);
+  bound.assign(y.size(), 0.0);
+  if (is_float_type(w.type)) reference_float(w, x, path, y, bound);
+  else reference_int8(w, x, y, bound);
 }
 
 }  // namespace cascade::linear

@@ -101,8 +101,8 @@ void matmul(const Matrix& w, const Input& x, float* y, Path path);
 
 // Several products with one Input (q, k and v; gate and up): y_j (x.n(), w_j.n_out) = X W_j^T for each, in one
 // split of all their output rows across the threads. The same numbers as one matmul per matrix (bit for bit),
-// without a fork and join per matrix, which small matrices (a 192 x 576 one is about 2 us of reading) pay
-// several times over. Every w_j has x.n_in() columns; the types may differ.
+// without a fork and join per matrix, which small matrices pay several times over (docs/study.md, section 14).
+// Every w_j has x.n_in() columns; the types may differ.
 struct Product {
   const Matrix* w;
   float* y;

@@ -1,7 +1,20 @@
-// What linear.cpp and the per-path kernel files share: the activation forms and one table of kernels per path.
-// Not part of the runtime's interface.
+// What linear.cpp and the kernel tiers share: the activation forms, the entry points every tier defines, and the
+// target regions of the tiers that cascade/simd.hpp does not name. Not part of the runtime's interface.
+//
+// The kernels come in tiers, one per linear::Path, each in its own namespace and compiled once, in its own unit,
+// for its own instruction set, as the attention kernels are (cascade/cpu/kernel.hpp):
+//   portable      linear_portable.cpp   plain C++, quant.hpp's decoders
+//   avx2          linear_avx2.cpp       8 lanes, vpmaddubsw + vpmaddwd, FMA, F16C
+//   avx_vnni      linear_avx_vnni.cpp   8 lanes, VEX vpdpbusd
+//   avx512_vnni   linear_avx512.cpp     16 lanes (8 rows of X on 512-bit dot products), vpdpbusd; vdpbf16ps for
+//                                       BF16 weights where the CPU has AVX512_BF16 (linear_avx512*.hpp)
+// The x86 tiers share one implementation written over a vector type and an integer dot product
+// (linear_x86.inc lists its parts). linear.cpp picks the tier of a call's path, in one place.
 #pragma once
 
+#include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
+
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -9,6 +22,22 @@
 #include <vector>
 
 #include "model/linear.hpp"
+
+// Target regions of the VNNI tiers, as simd.hpp's CASCADE_TARGET_<TIER>_BEGIN (and closed by its
+// CASCADE_TARGET_END): the avx2 tier plus VEX vpdpbusd; the AVX-512 tier plus vpdpbusd and vdpbf16ps on zmm.
+#if CASCADE_X86 && defined(__clang__)
+#define CASCADE_LINEAR_TARGET_AVX_VNNI_BEGIN \
+  _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avxvnni\"))), apply_to = function)")
+#define CASCADE_LINEAR_TARGET_AVX512_VNNI_BEGIN                                                                      \
+  _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,\
+avx2,fma,f16c\"))), apply_to = function)")
+#elif CASCADE_X86 && defined(__GNUC__)
+#define CASCADE_LINEAR_TARGET_AVX_VNNI_BEGIN \
+  _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma,f16c,avxvnni\")")
+#define CASCADE_LINEAR_TARGET_AVX512_VNNI_BEGIN \
+  _Pragma("GCC push_options")                   \
+      _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c\")")
+#endif
 
 namespace cascade::linear::detail {
 
@@ -60,31 +89,54 @@ struct Forms {
   bool has_bf16 = false;
 };
 
-// One path's kernels. A kernel file fills one of these; linear.cpp splits rows across threads and calls it.
-struct Kernels {
-  Path path;
-  // Output rows per panel: the row ranges handed to rows_* start at multiples of it.
-  int panel_rows;
-  // The int8 layout the path multiplies n rows of X in (0: natural, else lanes).
-  int (*int8_lanes)(int64_t n);
-  // x (n, n_in) -> f, in f.lanes's layout (set by the caller); n_in a multiple of 32.
-  void (*quantize)(const float* x, int64_t n, int64_t n_in, Int8Form& f);
-  // Y[t, i] for t in [t0, t1), i in [i0, i1), W quantized; y (x.n, w.n_out) row-major. i0 is a multiple of
-  // panel_rows, t0 a multiple of 16.
-  void (*rows_int8)(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, int64_t t0, int64_t t1, float* y);
-  // The same for F32, F16 and BF16 weights: x (n, n_in) f32, xb its bf16 form (n, n_in) when bf16_dot.
-  void (*rows_float)(const Matrix& w, const float* x, const uint16_t* xb, int64_t i0, int64_t i1, int64_t t0,
-                     int64_t t1, float* y);
-  bool bf16_dot;  // BF16 weights multiply bf16 activations (vdpbf16ps)
-};
+// Output rows per panel: the row ranges linear.cpp hands to a tier's products start at multiples of it.
+inline constexpr int64_t kPanelRows = 8;
 
-const Kernels& portable_kernels();
-const Kernels* avx2_kernels();         // nullptr where the build's compiler cannot target it
-const Kernels* avx_vnni_kernels();
-const Kernels* avx512_vnni_kernels();
+// The entry points of tier `tier`, defined in its namespace:
+//   int8_lanes(n)        the int8 layout the tier multiplies n rows of X in (0: natural, else lanes)
+//   quantize(x, n, n_in, f)   x (n, n_in) -> f, in f.lanes's layout (set by the caller); n_in a multiple of 32
+//   rows_int8<T>(w, x, i0, i1, t0, t1, y)   Y[t, i] for t in [t0, t1), i in [i0, i1), W of quantized type T;
+//                        y (x.n, w.n_out) row-major; i0 a multiple of kPanelRows, t0 a multiple of 16
+//   rows_float<T>(w, x, xb, i0, i1, t0, t1, y)   the same for F32, F16 and BF16 weights: x (n, n_in) f32, xb its
+//                        bf16 form (n, n_in) where BF16 weights multiply bf16 activations (bf16_dot), else nullptr
+// The products are compiled once per weight type, in the tier's unit (CASCADE_LINEAR_TIER_TEMPLATES(template)).
+#define CASCADE_LINEAR_ROWS_INT8(T)                                                                        \
+  void rows_int8<gguf::TensorType::T>(const Matrix&, const Int8Form&, int64_t, int64_t, int64_t, int64_t, \
+                                      float*);
+#define CASCADE_LINEAR_ROWS_FLOAT(T)                                                                     \
+  void rows_float<gguf::TensorType::T>(const Matrix&, const float*, const uint16_t*, int64_t, int64_t, \
+                                       int64_t, int64_t, float*);
+#define CASCADE_LINEAR_TIER_TEMPLATES(prefix)                                                                  \
+  prefix CASCADE_LINEAR_ROWS_INT8(Q4_0) prefix CASCADE_LINEAR_ROWS_INT8(Q4_1) prefix CASCADE_LINEAR_ROWS_INT8(Q8_0) \
+  prefix CASCADE_LINEAR_ROWS_INT8(Q4_K) prefix CASCADE_LINEAR_ROWS_INT8(Q5_K) prefix CASCADE_LINEAR_ROWS_INT8(Q6_K) \
+  prefix CASCADE_LINEAR_ROWS_FLOAT(F32) prefix CASCADE_LINEAR_ROWS_FLOAT(F16) prefix CASCADE_LINEAR_ROWS_FLOAT(BF16)
+#define CASCADE_LINEAR_TIER(tier)                                                                                \
+  namespace tier {                                                                                               \
+  int int8_lanes(int64_t n);                                                                                     \
+  void quantize(const float* x, int64_t n, int64_t n_in, Int8Form& f);                                           \
+  template <gguf::TensorType T>                                                                                  \
+  void rows_int8(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, int64_t t0, int64_t t1, float* y);  \
+  template <gguf::TensorType T>                                                                                  \
+  void rows_float(const Matrix& w, const float* x, const uint16_t* xb, int64_t i0, int64_t i1, int64_t t0,       \
+                  int64_t t1, float* y);                                                                         \
+  CASCADE_LINEAR_TIER_TEMPLATES(extern template)                                                                 \
+  }
+
+CASCADE_LINEAR_TIER(portable)
+#if CASCADE_X86
+CASCADE_LINEAR_TIER(avx2)
+CASCADE_LINEAR_TIER(avx_vnni)
+CASCADE_LINEAR_TIER(avx512_vnni)
+#endif
+
+// The tier of `path` (linear.cpp): its int8 layout for n rows of X, and x quantized in it (f.lanes set here).
+int int8_lanes(Path path, int64_t n);
+void quantize(Path path, const float* x, int64_t n, int64_t n_in, int lanes, Int8Form& f);
+// Whether BF16 weights multiply bf16 activations (vdpbf16ps) on `path`.
+bool bf16_dot(Path path);
 
 // The reference quantizer (Input::int8_natural): one row of n_in values into q, d, s16, s32 (natural layout
-// pointers to that row). Kernel files must produce the same numbers.
+// pointers to that row). Every tier's quantize must produce the same numbers.
 void quantize_row(const float* x, int64_t n_in, int8_t* q, float* d, float* s16, float* s32);
 // A block whose largest |x| is below kTinyBlock is multiplied by kTinyScale before its codes are taken (linear.cpp).
 inline constexpr float kTinyBlock = 0x1p-100f, kTinyScale = 0x1p100f;

@@ -1,18 +1,40 @@
-// The portable path: plain C++ on any CPU. Weights are decoded row by row with quant.hpp's own decoders, then
-// multiplied group by group in int32 (quantized types) or f32 (F32, F16, BF16).
+// The portable tier of the linear kernels (linear_kernels.hpp): plain C++ on any CPU. Weights are decoded row by row
+// with quant.hpp's own decoders, then multiplied group by group in int32 (quantized types) or f32 (F32, F16, BF16).
+#include "model/linear_kernels.hpp"
+
 #include <algorithm>
 #include <vector>
 
-#include "model/linear_kernels.hpp"
 #include "model/quant.hpp"
 
-namespace cascade::linear::detail {
+namespace cascade::linear::detail::portable {
 
 namespace {
 
-int natural_lanes(int64_t) { return 0; }
+// sum over k < n of code[k] * q[k], in 4 int32 lanes the compiler can vectorize.
+int32_t dot_codes(const uint8_t* code, const int8_t* q, int64_t n) {
+  int32_t acc[4] = {0, 0, 0, 0};
+  for (int64_t k = 0; k < n; k += 4)
+    for (int j = 0; j < 4; ++j) acc[j] += int32_t(code[k + j]) * int32_t(q[k + j]);
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
 
-void quantize_natural(const float* x, int64_t n, int64_t n_in, Int8Form& f) {
+// sum over k < n of a[k] * b[k], in 8 f32 lanes.
+float dot_f32(const float* a, const float* b, int64_t n) {
+  float acc[8] = {};
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[k + j] * b[k + j];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; k < n; ++k) s += a[k] * b[k];
+  return s;
+}
+
+}  // namespace
+
+int int8_lanes(int64_t) { return 0; }
+
+void quantize(const float* x, int64_t n, int64_t n_in, Int8Form& f) {
   f.n = n;
   f.n_in = n_in;
   f.n_pad = n;
@@ -25,14 +47,8 @@ void quantize_natural(const float* x, int64_t n, int64_t n_in, Int8Form& f) {
                  f.s32.data() + r * n_in / 32);
 }
 
-// sum over k < n of code[k] * q[k], in 4 int32 lanes the compiler can vectorize.
-int32_t dot_codes(const uint8_t* code, const int8_t* q, int64_t n) {
-  int32_t acc[4] = {0, 0, 0, 0};
-  for (int64_t k = 0; k < n; k += 4)
-    for (int j = 0; j < 4; ++j) acc[j] += int32_t(code[k + j]) * int32_t(q[k + j]);
-  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
-}
-
+// The weight type comes from w (quant.hpp's decoders dispatch on it); T only names the instantiation.
+template <gguf::TensorType T>
 void rows_int8(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, int64_t t0, int64_t t1, float* y) {
   const int64_t K = w.n_in, G = gguf::code_group_size(w.type), n_groups = K / G;
   thread_local std::vector<uint8_t> code;
@@ -57,17 +73,7 @@ void rows_int8(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, int64
   }
 }
 
-// sum over k < n of a[k] * b[k], in 8 f32 lanes.
-float dot_f32(const float* a, const float* b, int64_t n) {
-  float acc[8] = {};
-  int64_t k = 0;
-  for (; k + 8 <= n; k += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[k + j] * b[k + j];
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; k < n; ++k) s += a[k] * b[k];
-  return s;
-}
-
+template <gguf::TensorType T>
 void rows_float(const Matrix& w, const float* x, const uint16_t*, int64_t i0, int64_t i1, int64_t t0, int64_t t1,
                 float* y) {
   thread_local std::vector<float> row;
@@ -78,11 +84,6 @@ void rows_float(const Matrix& w, const float* x, const uint16_t*, int64_t i0, in
   }
 }
 
-}  // namespace
+CASCADE_LINEAR_TIER_TEMPLATES(template)
 
-const Kernels& portable_kernels() {
-  static const Kernels k{Path::portable, 8, natural_lanes, quantize_natural, rows_int8, rows_float, false};
-  return k;
-}
-
-}  // namespace cascade::linear::detail
+}  // namespace cascade::linear::detail::portable

@@ -214,18 +214,12 @@ TEST_CASE("linear: every path quantizes activations to the reference's numbers, 
     const linear::Input in(x.data(), n, n_in);
     const linear::Input::Int8 ref = in.int8_natural();
     for (Path path : runnable_paths()) {
-      const linear::detail::Kernels* k = path == Path::portable    ? &linear::detail::portable_kernels()
-                                         : path == Path::avx2       ? linear::detail::avx2_kernels()
-                                         : path == Path::avx_vnni   ? linear::detail::avx_vnni_kernels()
-                                                                    : linear::detail::avx512_vnni_kernels();
-      REQUIRE(k != nullptr);
       for (int lanes : {0, 8, 16}) {
         if (path == Path::portable && lanes) continue;
         CAPTURE(linear::path_name(path));
         CAPTURE(lanes);
         linear::detail::Int8Form f;
-        f.lanes = lanes;
-        k->quantize(x.data(), n, n_in, f);
+        linear::detail::quantize(path, x.data(), n, n_in, lanes, f);
         const int64_t np = f.n_pad, nb = n_in / 32;
         CHECK(np >= n);
         bool same = true;
@@ -266,15 +260,6 @@ TEST_CASE("linear: every path quantizes activations to the reference's numbers, 
 }
 
 namespace {
-
-const linear::detail::Kernels& kernels_of(Path path) {
-  const linear::detail::Kernels* k = path == Path::portable    ? &linear::detail::portable_kernels()
-                                     : path == Path::avx2       ? linear::detail::avx2_kernels()
-                                     : path == Path::avx_vnni   ? linear::detail::avx_vnni_kernels()
-                                                                : linear::detail::avx512_vnni_kernels();
-  REQUIRE(k != nullptr);
-  return *k;
-}
 
 // Activations whose blocks of 32 span f32's whole range: block b's values are uniform in (-2^e, 2^e) with e from
 // the subnormals (2^-149 .. 2^-127) over 127 / FLT_MAX (about 3.7e-37, 2^-121) and 2^-100 up to 2^40, one e for
@@ -323,14 +308,12 @@ TEST_CASE("linear: activations of any magnitude, tiny blocks included, quantize 
       }
     CHECK(far == 0);
     for (Path path : runnable_paths()) {
-      const linear::detail::Kernels& k = kernels_of(path);
       for (int lanes : {0, 8, 16}) {
         if (path == Path::portable && lanes) continue;
         CAPTURE(linear::path_name(path));
         CAPTURE(lanes);
         linear::detail::Int8Form f;
-        f.lanes = lanes;
-        k.quantize(x.data(), n, n_in, f);
+        linear::detail::quantize(path, x.data(), n, n_in, lanes, f);
         int differ = 0;
         for (int64_t r = 0; r < n; ++r)
           for (int64_t c = 0; c < n_in; ++c) {
