@@ -298,6 +298,7 @@ struct TiledAmx {
   static constexpr bool kPrefetchSpread = false;
   enum Kind { pair, single };
 
+  static constexpr int kD = D;
   int64_t d;
   float qs = 0;                // scale * log2 e, applied to S
   uint32_t* qp = nullptr;      // Q^T per block of 16 rows: (d/2, 16) words of bf16 head-dim pairs
@@ -360,6 +361,7 @@ struct TiledAmx {
             float* l) const {
     const uint16_t* kc = c < n_full ? k_run + c * ks : kp;
     const int64_t kstride = c < n_full ? ks : d;
+    const int64_t d = D > 0 ? D : this->d;
     const uint32_t* q0 = qp + b.r0 * d / 2;
     if (b.kind == pair)
       step2<D>(q0, q0 + RB * d / 2, kc, kstride, vt + c, kTileKeys, d, qs, nk, bits,

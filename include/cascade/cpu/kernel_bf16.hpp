@@ -223,6 +223,7 @@ struct TiledBf16 {
   static constexpr int kMaxSub = RV;
   static constexpr bool kPrefetchSpread = true;
 
+  static constexpr int kD = D;
   int64_t d;
   float qs = 0;            // scale * log2 e, applied to S
   uint32_t* qp = nullptr;  // per block: (d/2, RB) words of q as bf16 head-dim pairs
@@ -259,6 +260,7 @@ struct TiledBf16 {
 
   void step(const RowBlock& b, int64_t c, int nk, const uint32_t* bits, int64_t bits_stride, float* ot, float* m,
             float* l) const {
+    const int64_t d = D > 0 ? D : this->d;
     tile_block_bf16<D, RV, NK>(qp + b.r0 * d / 2, kp + c * d, vp + c / 2 * d, d, qs, nk, bits, bits_stride, ot, m, l);
   }
 };
@@ -447,6 +449,7 @@ struct FewBf16 {
   static constexpr int64_t kChunk = kFewChunk;
   static constexpr bool kPrefetch = true;
 
+  static constexpr int kD = NB * 32;
   int64_t d, nb;
   float qs = 0;            // scale * log2 e, applied to S
   uint32_t* qp = nullptr;  // (n_heads, n_rows, d/2) words: q as bf16 head-dim pairs
