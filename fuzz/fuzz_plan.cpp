@@ -130,7 +130,8 @@ void check_invariants(const Tree& plan, const std::vector<int64_t>& n_query) {
   if (rows != plan.n_rows()) fail_invariant("n_rows");
   for (int g = 0; g < plan.n_segments(); ++g)
     for (const Tree::SegmentRow& r : plan.segment_rows(g))
-      if (r.row < 0 || r.row >= plan.n_rows() || r.limit < 0 || r.limit > plan.n_tokens(g))
+      if (r.row < 0 || r.row >= plan.n_rows() || r.limit < 0 || r.limit > plan.n_tokens(g) || r.first < 0 ||
+          r.first > r.limit || (plan.window() > 0 && r.limit - r.first > plan.window()))
         fail_invariant("segment row limit");
 }
 
@@ -171,9 +172,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     paths.emplace_back(s.path.begin(), s.path.end());
     n_query.push_back(s.n_query);
   }
+  // A sliding window on a quarter of the inputs, from the value seed (the input format stays as it was).
+  const int64_t window = (spec.value_seed & 3) == 0 ? int64_t((spec.value_seed >> 2) % 300) : 0;
   std::optional<Tree> tree;
   try {
-    tree.emplace(Tree::build(shape, n_tokens, paths, n_query, scale));
+    tree.emplace(Tree::build(shape, n_tokens, paths, n_query, scale, window));
   } catch (const Error&) {
     return 0;
   }

@@ -36,6 +36,8 @@ struct Config {
   std::vector<int64_t> n_query;
   float amp = 1.0f;  // |q|, |k| bound: scores reach amp^2 * sqrt(head_dim)
   int n_threads = 0;
+  int64_t window = 0;                   // sliding window (0: none)
+  const CostModel* model = nullptr;     // also run auto's plan under this model
   std::string describe() const {
     std::ostringstream os;
     os << "heads " << shape.n_q_heads << "/" << shape.n_kv_heads << "/" << shape.head_dim << " " << dtype_name(dtype)
@@ -44,7 +46,7 @@ struct Config {
     for (size_t g = 0; g < seg_len.size(); ++g) os << (g ? "," : "") << seg_len[g];
     os << "], queries [";
     for (size_t s = 0; s < n_query.size(); ++s) os << (s ? "," : "") << n_query[s];
-    os << "], threads " << n_threads;
+    os << "], threads " << n_threads << ", window " << window;
     return os.str();
   }
 };
@@ -60,7 +62,7 @@ void check(Rng& rng, const Config& cfg) {
                                        cfg.amp));
     views.push_back(store.back()->view);
   }
-  const Tree tree = Tree::build(cfg.shape, cfg.seg_len, cfg.tree.paths, cfg.n_query);
+  const Tree tree = Tree::build(cfg.shape, cfg.seg_len, cfg.tree.paths, cfg.n_query, 0.0f, cfg.window);
   const int64_t n_out = tree.n_rows() * cfg.shape.n_q_heads * cfg.shape.head_dim;
   const int64_t n_lse = tree.n_rows() * cfg.shape.n_q_heads;
   std::vector<float> q(static_cast<size_t>(n_out));
@@ -91,6 +93,7 @@ void check(Rng& rng, const Config& cfg) {
 
     // The plan runs twice, as it would in two layers: it keeps nothing of a run.
     const Plan plan = cpu::plan(tree, opt);
+    if (cfg.window > 0) CHECK_NOTHROW(verify_schedule(plan.attended(), plan.schedule()));
     for (int layer = 0; layer < 2; ++layer) {
       std::vector<float> o(static_cast<size_t>(n_out), 123.0f), lse(static_cast<size_t>(n_lse), 123.0f);
       cpu::run(plan, views, qp, o.data(), lse.data());
@@ -107,6 +110,18 @@ void check(Rng& rng, const Config& cfg) {
     cpu::attend_unified(cfg.shape, uni.batch, qp, o.data(), lse.data(), opt, tree.scale());
     test::expect_close(o, want_o, atol_o, kRtol, "unified o");
     test::expect_close(lse, want_lse, kAtol, kRtol, "unified lse");
+
+    if (!cfg.model) continue;
+    cpu::Options auto_opt = opt;
+    auto_opt.cost_model = cfg.model;
+    auto_opt.kv_dtype = cfg.dtype;
+    const Plan chosen = cpu::plan(tree, auto_opt);
+    CHECK_NOTHROW(verify_schedule(chosen.attended(), chosen.schedule()));
+    std::fill(o.begin(), o.end(), 123.0f);
+    std::fill(lse.begin(), lse.end(), 123.0f);
+    cpu::run(chosen, views, qp, o.data(), lse.data());
+    test::expect_close(o, want_o, atol_o, kRtol, "auto o");
+    test::expect_close(lse, want_lse, kAtol, kRtol, "auto lse");
   }
 }
 
@@ -157,6 +172,66 @@ TEST_CASE("cascade == split == unified == reference on random problems") {
     CAPTURE(it);
     check(rng, random_config(rng, 2e7));
   }
+}
+
+// Log-uniform random rates: auto's decisions of every kind across seeds.
+CostModel random_cost_model(Rng& rng) {
+  auto lu = [&](double lo, double hi) { return lo * std::pow(hi / lo, double(rng.uniform(0, 1))); };
+  CostModel c;
+  c.read_bw = lu(1e9, 1e11);
+  c.small_bw = lu(1e9, 1e11);
+  c.small_mac = lu(1e9, 1e11);
+  c.tiled_bw = lu(1e9, 1e11);
+  c.tiled_mac = lu(1e9, 1e12);
+  c.item_s = lu(1e-8, 1e-3);
+  return c;
+}
+
+TEST_CASE("sliding window: segments outside every window skipped, partly inside masked, at the window's edges") {
+  const uint64_t seed = test::fresh_seed();
+  INFO("CASCADE_TEST_SEED=" << seed);
+  Rng rng(seed);
+  for (int it = 0; it < test::sweep(50); ++it) {
+    CAPTURE(it);
+    Config c = random_config(rng, 1e7);
+    if (rng.coin(0.5))
+      for (auto& n : c.n_query) n = rng.uniform_int(1, 9);  // prefill rows: each row's window starts elsewhere
+    // Windows at the edges of what the rows see: 1, around the first root's length and a whole path's, and beyond.
+    int64_t longest = 0;
+    for (const auto& path : c.tree.paths) {
+      int64_t n = 0;
+      for (int g : path) n += c.seg_len[size_t(g)];
+      longest = std::max(longest, n);
+    }
+    const int64_t root = c.seg_len[0];
+    const std::vector<int64_t> edges = {1, 2, root - 1, root, root + 1, longest - 1, longest, longest + 3,
+                                        rng.uniform_int(1, std::max<int64_t>(1, longest))};
+    c.window = std::max<int64_t>(1, rng.pick(edges));
+    const CostModel model = random_cost_model(rng);
+    c.model = &model;
+    check(rng, c);
+  }
+}
+
+TEST_CASE("sliding window: a shared prefix behind every window is attended by nobody; the rest is exact") {
+  const uint64_t seed = test::fresh_seed();
+  INFO("CASCADE_TEST_SEED=" << seed);
+  Rng rng(seed);
+  const HeadShape shape{8, 2, 64};
+  // The prefix (300 tokens) lies wholly behind the last 20 keys of every sequence (own segments of 40+ tokens).
+  const Tree tree = Tree::two_level(shape, 300, {40, 55, 70, 41}, 3, 0.0f, 20);
+  const Plan plan = cpu::plan(tree);
+  for (const Schedule::Item& it : plan.schedule().items)
+    CHECK(plan.schedule().segs[size_t(plan.schedule().passes[size_t(it.pass)].seg_begin)].seg != 0);
+  Config c;
+  c.shape = shape;
+  c.dtype = DType::f16;
+  c.tree.parent = {-1, 0, 0, 0, 0};
+  c.tree.paths = {{0, 1}, {0, 2}, {0, 3}, {0, 4}};
+  c.seg_len = {300, 40, 55, 70, 41};
+  c.n_query = {3, 3, 3, 3};
+  c.window = 20;
+  check(rng, c);
 }
 
 TEST_CASE("large prefix and batch: prefix 5000, 64 sequences, suffix up to 2000") {

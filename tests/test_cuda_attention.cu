@@ -121,6 +121,7 @@ struct Config {
   test::Tree tree;
   std::vector<int64_t> seg_len, n_query;
   float amp = 1.0f;
+  int64_t window = 0;  // sliding window (0: none)
   std::string describe() const {
     std::ostringstream os;
     os << "heads " << shape.n_q_heads << "/" << shape.n_kv_heads << "/" << shape.head_dim << " " << dtype_name(dtype)
@@ -129,7 +130,7 @@ struct Config {
     for (size_t g = 0; g < seg_len.size(); ++g) os << (g ? "," : "") << seg_len[g];
     os << "], queries [";
     for (size_t s = 0; s < n_query.size(); ++s) os << (s ? "," : "") << n_query[s];
-    os << "]";
+    os << "], window " << window;
     return os.str();
   }
 };
@@ -158,7 +159,7 @@ void check(Rng& rng, const Config& cfg, bool exact_compare = true) {
     host_views.push_back(store.back()->host);
     dev_views.push_back(store.back()->dev);
   }
-  const Tree tree = Tree::build(shape, cfg.seg_len, cfg.tree.paths, cfg.n_query);
+  const Tree tree = Tree::build(shape, cfg.seg_len, cfg.tree.paths, cfg.n_query, 0.0f, cfg.window);
   const int64_t d = shape.head_dim, n_out = tree.n_rows() * shape.n_q_heads;
   std::vector<float> q(static_cast<size_t>(n_out * d));
   for (float& x : q) x = rng.uniform(-cfg.amp, cfg.amp);
@@ -277,6 +278,32 @@ TEST_CASE("cuda: cascade, split and unified == reference on random problems") {
     CAPTURE(it);
     check(rng, random_config(rng, 2e7));
   }
+}
+
+TEST_CASE("cuda: sliding windows at their edges: shared segments skipped, partly inside masked") {
+  REQUIRE_DEVICE();
+  const uint64_t seed = test::fresh_seed();
+  INFO("CASCADE_TEST_SEED=" << seed);
+  Rng rng(seed);
+  for (int it = 0; it < 20; ++it) {
+    CAPTURE(it);
+    Config c = random_config(rng, 1e7);
+    int64_t longest = 0;
+    for (const auto& path : c.tree.paths) {
+      int64_t n = 0;
+      for (int g : path) n += c.seg_len[size_t(g)];
+      longest = std::max(longest, n);
+    }
+    const std::vector<int64_t> edges = {1, 2, c.seg_len[0], c.seg_len[0] + 1, longest, longest + 3,
+                                        rng.uniform_int(1, std::max<int64_t>(1, longest))};
+    c.window = std::max<int64_t>(1, rng.pick(edges));
+    check(rng, c);
+  }
+  check(rng, [] {
+    Config c = two_level(HeadShape{8, 2, 64}, DType::f16, 300, {40, 55, 70}, 3);
+    c.window = 20;  // the prefix lies behind every window
+    return c;
+  }());
 }
 
 TEST_CASE("cuda: every head dim, both dtypes, both storages, GQA ratios 1 to 8") {

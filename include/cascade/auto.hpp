@@ -87,11 +87,19 @@ struct CostModel {
   }
 
   // Predicted seconds of the schedule of `tree` on `target`: the sum of its passes (a chain of segments
-  // with the same rows is one pass).
+  // with the same rows is one pass), each over the keys its rows see (under a sliding window, fewer than its own).
   double plan_seconds(const Tree& tree, const Target& target, DType dtype) const {
     double t = 0;
-    for (const Schedule::Pass& ps : make_passes(tree).passes)
-      t += pass_seconds(tree.shape(), target, dtype, ps.n_tokens, ps.n_token_rows);
+    const Schedule s = make_passes(tree);
+    for (const Schedule::Pass& ps : s.passes) {
+      int64_t lo = 0, hi = ps.n_tokens;
+      if (tree.window() > 0) lo = ps.n_tokens, hi = 0;
+      for (int64_t r = ps.row_begin; tree.window() > 0 && r < ps.row_begin + ps.n_token_rows; ++r) {
+        lo = std::min(lo, s.rows[size_t(r)].first);
+        hi = std::max(hi, s.rows[size_t(r)].limit);
+      }
+      t += pass_seconds(tree.shape(), target, dtype, std::max<int64_t>(0, hi - lo), ps.n_token_rows);
+    }
     return t;
   }
 
@@ -299,7 +307,8 @@ inline std::pair<Tree, std::vector<int>> regroup(const Tree& tree, const std::ve
       paths[size_t(s)].push_back(it->second);
     }
   }
-  return {Tree::build(tree.shape(), std::move(slot_len), paths, n_query, tree.scale()), std::move(source)};
+  return {Tree::build(tree.shape(), std::move(slot_len), paths, n_query, tree.scale(), tree.window()),
+          std::move(source)};
 }
 
 // Per-segment prediction of the tree as given.

@@ -84,7 +84,7 @@ inline SplitLayout make_split(const Tree& tree, std::span<const KvView> kv) {
     n_query[s] = sq.n_query;
     n_keys[s] = sq.n_keys;
   }
-  out.tree = Tree::independent(shape, std::move(n_keys), n_query, tree.scale());
+  out.tree = Tree::independent(shape, std::move(n_keys), n_query, tree.scale(), tree.window());
   return out;
 }
 
@@ -147,6 +147,7 @@ inline UnifiedLayout make_unified(const Tree& tree, std::span<const KvView> kv) 
   u.batch.n_rows = int64_t(u.row_seq.size());
   u.batch.row_seq = u.row_seq.data();
   u.batch.row_pos = u.row_pos.data();
+  u.batch.window = tree.window();
   return u;
 }
 

@@ -34,10 +34,12 @@ inline double kv_element(const KvView& kv, const void* base, int64_t t, int64_t 
 }
 
 // Sequence s attends the concatenation of seq_kv[s] with n_query[s] query tokens, the last positions of
-// its keys, causally (tree.hpp's convention). q: (sum n_query, n_q_heads, head_dim), rows in sequence
-// order. o: same shape, lse: (rows, n_q_heads), natural log; a row that sees nothing gets (0, -inf).
+// its keys, causally (tree.hpp's convention), each seeing its last `window` keys only when window > 0.
+// q: (sum n_query, n_q_heads, head_dim), rows in sequence order. o: same shape, lse: (rows, n_q_heads), natural
+// log; a row that sees nothing gets (0, -inf).
 inline void reference_attention(const HeadShape& shape, double scale, const std::vector<std::vector<KvView>>& seq_kv,
-                                const std::vector<int64_t>& n_query, const float* q, double* o, double* lse) {
+                                const std::vector<int64_t>& n_query, const float* q, double* o, double* lse,
+                                int64_t window = 0) {
   const int64_t d = shape.head_dim;
   const int group = shape.n_q_heads / shape.n_kv_heads;
   int64_t row = 0;
@@ -57,6 +59,10 @@ inline void reference_attention(const HeadShape& shape, double scale, const std:
         for (const KvView& kv : seq_kv[s]) {
           for (int64_t t = 0; t < kv.n_tokens; ++t, ++key) {
             if (key > pos) break;
+            if (window > 0 && key <= pos - window) {  // outside the window: weight 0
+              scores.push_back(-std::numeric_limits<double>::infinity());
+              continue;
+            }
             double dot = 0;
             for (int64_t c = 0; c < d; ++c) dot += double(qr[c]) * kv_element(kv, kv.k, t, kvh, c);
             scores.push_back(dot * scale);
@@ -98,7 +104,7 @@ inline void reference_attention(const Tree& tree, std::span<const KvView> kv, co
     }
     n_query[size_t(s)] = tree.sequence(s).n_query;
   }
-  reference_attention(tree.shape(), tree.scale(), seq_kv, n_query, q, o, lse);
+  reference_attention(tree.shape(), tree.scale(), seq_kv, n_query, q, o, lse, tree.window());
 }
 
 }  // namespace cascade

@@ -76,7 +76,8 @@ struct Schedule {
   };
   struct Row {
     int64_t q_row = 0;  // query row (in q, o)
-    int64_t limit = 0;  // keys of the pass it sees: [0, limit)
+    int64_t limit = 0;  // keys of the pass it sees: [first, limit)
+    int64_t first = 0;  // > 0 only under a sliding window
   };
   struct Item {
     int pass = 0;
@@ -106,7 +107,9 @@ struct Schedule {
     return {groups[size_t(g)], groups[size_t(g) + 1]};
   }
   // The slot of (KV head kvh, stacked row e) in item it.
-  static int64_t slot_of(const Item& it, int kvh, int64_t e) { return it.slot + (kvh - it.kvh) * (it.e1 - it.e0) + (e - it.e0); }
+  static int64_t slot_of(const Item& it, int kvh, int64_t e) {
+    return it.slot + (kvh - it.kvh) * (it.e1 - it.e0) + (e - it.e0);
+  }
 };
 
 namespace schedule_detail {
@@ -127,7 +130,8 @@ inline std::vector<int> add_passes(Schedule& s, const Tree& tree) {
     const auto& rc = tree.segment_rows(c);
     if (rg.empty() || rg.size() != rc.size()) continue;
     bool same = true;
-    for (size_t r = 0; r < rg.size() && same; ++r) same = rg[r].row == rc[r].row && rg[r].limit == tree.n_tokens(g);
+    for (size_t r = 0; r < rg.size() && same; ++r)
+      same = rg[r].row == rc[r].row && rg[r].limit == tree.n_tokens(g) && rg[r].first == 0;
     if (!same) continue;
     fuse_into[size_t(g)] = c;
     fused_child[size_t(c)] = 1;
@@ -144,11 +148,17 @@ inline std::vector<int> add_passes(Schedule& s, const Tree& tree) {
       last = x;
     }
     ps.seg_end = int64_t(s.segs.size());
+    // A row sees up to its limit in the chain's last segment, from the start of the chain's first segment with
+    // tokens (a row sees all of a segment that fuses with its child), else from its first key in the last.
     const auto& rows = tree.segment_rows(last);
     const int64_t last_start = s.segs.back().start;
+    int64_t chain_first = -1;
+    for (int64_t k = ps.seg_begin; k + 1 < ps.seg_end && chain_first < 0; ++k)
+      if (tree.n_tokens(s.segs[size_t(k)].seg) > 0) chain_first = s.segs[size_t(k)].start;
     ps.row_begin = int64_t(s.rows.size());
     ps.n_token_rows = int64_t(rows.size());
-    for (const Tree::SegmentRow& r : rows) s.rows.push_back({r.row, last_start + r.limit});
+    for (const Tree::SegmentRow& r : rows)
+      s.rows.push_back({r.row, last_start + r.limit, chain_first >= 0 ? chain_first : last_start + r.first});
     head_pass[size_t(g)] = int(s.passes.size());
     s.passes.push_back(ps);
   }
@@ -217,12 +227,18 @@ inline void add_items(Schedule& s, const HeadShape& shape, const Target& t) {
       for (int64_t tile = 0; tile < ps.n_tiles; ++tile) {
         s.groups.push_back(int64_t(s.items.size()));
         const int64_t e0 = tile * k.tile_rows, e1 = std::min(m, e0 + k.tile_rows);
-        int64_t span = 0;  // keys the tile's rows see at most: the work past it is skipped
-        for (int64_t r = e0 / group; r < (e1 + group - 1) / group; ++r)
-          span = std::max(span, s.rows[size_t(ps.row_begin + r)].limit);
-        if (span == 0) continue;
-        const int64_t step = chunk_step(t, cost_per_key(k, e1 - e0, heads), span, per_item);
-        for (int64_t t0 = 0; t0 < span;) {
+        // Keys [lo, span) hold every key the tile's rows see: the work outside is skipped.
+        int64_t lo = ps.n_tokens, span = 0;
+        for (int64_t r = e0 / group; r < (e1 + group - 1) / group; ++r) {
+          const Schedule::Row& row = s.rows[size_t(ps.row_begin + r)];
+          if (row.first >= row.limit) continue;
+          lo = std::min(lo, row.first);
+          span = std::max(span, row.limit);
+        }
+        if (span <= lo) continue;
+        lo -= lo % t.chunk_align;  // chunk boundaries stay on the target's multiples
+        const int64_t step = chunk_step(t, cost_per_key(k, e1 - e0, heads), span - lo, per_item);
+        for (int64_t t0 = lo; t0 < span;) {
           const int64_t t1 = span - t0 > step ? t0 + step : span;
           add_chunk_items(s, t, p, {p, kvh, heads, e0, e1, t0, t1, 0});
           t0 = t1;
@@ -306,7 +322,7 @@ inline Schedule make_unified_schedule(const HeadShape& shape, int64_t n_keys, in
   ps.seg_end = 1;
   s.segs.push_back({0, 0});
   s.rows.resize(size_t(n_rows));
-  for (int64_t r = 0; r < n_rows; ++r) s.rows[size_t(r)] = {r, n_keys};
+  for (int64_t r = 0; r < n_rows; ++r) s.rows[size_t(r)] = {r, n_keys, 0};
   s.passes.push_back(ps);
   schedule_detail::add_items(s, shape, target);
   schedule_detail::add_merge_lists(s, shape, target, n_rows, [](int64_t row, auto&& add) { add(0, row); });
@@ -341,7 +357,8 @@ inline void verify_schedule(const Tree& tree, const Schedule& s) {
     const Tree::Sequence& sq = tree.sequence(sq_i);
     for (int64_t i = 0; i < sq.n_query; ++i) {
       const int64_t row = sq.row_begin + i;
-      const int64_t visible = std::clamp<int64_t>(sq.n_keys - sq.n_query + i + 1, 0, sq.n_keys);
+      int64_t visible = std::clamp<int64_t>(sq.n_keys - sq.n_query + i + 1, 0, sq.n_keys);
+      if (tree.window() > 0) visible = std::min(visible, tree.window());
       for (int qh = 0; qh < shape.n_q_heads; ++qh) {
         const int64_t o = row * shape.n_q_heads + qh;
         spans.clear();
@@ -357,10 +374,10 @@ inline void verify_schedule(const Tree& tree, const Schedule& s) {
           const Schedule::Row& r = s.rows[size_t(ps.row_begin + e / group)];
           CASCADE_CHECK(r.q_row == row && kvh == qh / group && e % group == qh % group, "schedule: output ", o,
                         " merges the state of another row or head");
-          const int64_t t1 = std::min(it.t1, r.limit);
-          if (t1 <= it.t0) continue;
-          spans.push_back({it.pass, it.t0, t1});
-          covered += t1 - it.t0;
+          const int64_t t0 = std::max(it.t0, r.first), t1 = std::min(it.t1, r.limit);
+          if (t1 <= t0) continue;
+          spans.push_back({it.pass, t0, t1});
+          covered += t1 - t0;
         }
         std::sort(spans.begin(), spans.end());
         for (size_t k = 1; k < spans.size(); ++k)

@@ -12,8 +12,13 @@
 // key sequence: token i sits at position n_keys(s) - n_query(s) + i and sees the keys at positions <= its
 // own (causal inside the sequence's own tokens; decode, n_query = 1, sees everything). A row whose position
 // is negative sees nothing: it gets the empty state (o = 0, lse = -inf).
+//
+// Sliding window. With window W > 0, a row at position p sees only its last W keys: positions [p - W + 1, p].
+// A segment outside every window of the rows below it is attended by none of them (the schedule skips it), one
+// partly inside is masked, and the merge stays exact: the same function as W keys read per sequence.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -46,21 +51,25 @@ class Tree {
     // For each path entry k: index of this sequence's first query token in segment_rows(path[k]).
     std::vector<int64_t> seg_row_begin;
   };
-  // One query token below a segment: global row, and how many of the segment's tokens it sees.
+  // One query token below a segment: global row, and the segment's tokens it sees, [first, limit).
   struct SegmentRow {
     int64_t row = 0;
     int64_t limit = 0;
+    int64_t first = 0;  // > 0 only under a sliding window
   };
 
   // n_tokens[g]: length of segment g (>= 0); paths[s]: segment ids of sequence s, root first; n_query[s] >= 0.
-  // scale: the softmax scale (0: 1/sqrt(head_dim)). Throws Error on any inconsistency.
+  // scale: the softmax scale (0: 1/sqrt(head_dim)); window: the sliding window in keys (0: none). Throws Error on
+  // any inconsistency.
   static Tree build(const HeadShape& shape, std::vector<int64_t> n_tokens, const std::vector<std::vector<int>>& paths,
-                    const std::vector<int64_t>& n_query, float scale = 0.0f) {
+                    const std::vector<int64_t>& n_query, float scale = 0.0f, int64_t window = 0) {
     shape.validate();
     CASCADE_CHECK(paths.size() == n_query.size(), "plan: ", paths.size(), " paths but ", n_query.size(),
                   " query counts");
+    CASCADE_CHECK(window >= 0, "plan: negative sliding window (", window, ")");
     Tree t;
     t.shape_ = shape;
+    t.window_ = window;
     t.scale_ = scale != 0.0f ? scale : 1.0f / std::sqrt(float(shape.head_dim));
     CASCADE_CHECK(std::isfinite(t.scale_), "plan: softmax scale is not finite");
     for (size_t g = 0; g < n_tokens.size(); ++g)
@@ -74,24 +83,25 @@ class Tree {
   // The common case: one shared prefix of n_prefix tokens (segment 0), and below it one own segment per
   // sequence (segment s + 1, n_own[s] tokens, possibly 0), n_query query tokens per sequence.
   static Tree two_level(const HeadShape& shape, int64_t n_prefix, const std::vector<int64_t>& n_own,
-                        int64_t n_query = 1, float scale = 0.0f) {
+                        int64_t n_query = 1, float scale = 0.0f, int64_t window = 0) {
     std::vector<int64_t> len{n_prefix};
     len.insert(len.end(), n_own.begin(), n_own.end());
     std::vector<std::vector<int>> paths;
     for (size_t s = 0; s < n_own.size(); ++s) paths.push_back({0, int(s) + 1});
-    return build(shape, std::move(len), paths, std::vector<int64_t>(n_own.size(), n_query), scale);
+    return build(shape, std::move(len), paths, std::vector<int64_t>(n_own.size(), n_query), scale, window);
   }
 
   // Every sequence on its own: sequence s attends only segment s (the "split" layout).
   static Tree independent(const HeadShape& shape, std::vector<int64_t> n_tokens, const std::vector<int64_t>& n_query,
-                          float scale = 0.0f) {
+                          float scale = 0.0f, int64_t window = 0) {
     std::vector<std::vector<int>> paths(n_tokens.size());
     for (size_t s = 0; s < n_tokens.size(); ++s) paths[s] = {int(s)};
-    return build(shape, std::move(n_tokens), paths, n_query, scale);
+    return build(shape, std::move(n_tokens), paths, n_query, scale, window);
   }
 
   const HeadShape& shape() const { return shape_; }
   float scale() const { return scale_; }
+  int64_t window() const { return window_; }  // 0: none
   int64_t n_rows() const { return n_rows_; }
   int n_segments() const { return int(n_tokens_.size()); }
   int n_sequences() const { return int(seqs_.size()); }
@@ -150,9 +160,10 @@ class Tree {
         const int64_t len = n_tokens_[size_t(g)];
         for (int64_t i = 0; i < sq.n_query; ++i) {
           const int64_t pos = sq.n_keys - sq.n_query + i;
-          int64_t lim = pos + 1 - start;
-          lim = lim < 0 ? 0 : (lim > len ? len : lim);
-          rows.push_back({sq.row_begin + i, lim});
+          const int64_t seen = pos + 1 - start;  // keys of the segment at or before the row's position
+          const int64_t lim = std::clamp<int64_t>(seen, 0, len);
+          const int64_t first = window_ > 0 && seen > window_ ? std::min(seen - window_, lim) : 0;
+          rows.push_back({sq.row_begin + i, lim, first});
         }
         start += len;
       }
@@ -161,6 +172,7 @@ class Tree {
 
   HeadShape shape_;
   float scale_ = 1.0f;
+  int64_t window_ = 0;
   int64_t n_rows_ = 0;
   std::vector<int64_t> n_tokens_;
   std::vector<int> parent_;

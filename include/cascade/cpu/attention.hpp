@@ -182,7 +182,7 @@ namespace detail {
 struct ItemScratch {
   Scratch kernel;
   std::vector<float> q, o2;
-  std::vector<int64_t> limit;
+  std::vector<int64_t> limit, first;
   std::vector<int32_t> seq, pos;
 };
 
@@ -290,6 +290,8 @@ inline void attend_plan_item(const Plan& plan, const std::vector<KvView>& kv, co
   const Schedule::Pass& ps = sc.passes[size_t(it.pass)];
   gather_queries(q, shape, sc, it, s.q);
   s.limit.resize(size_t(n));
+  const bool window = plan.attended().window() > 0;
+  if (window) s.first.resize(size_t(n));
   const NextRows after = s.kernel.next;  // what the thread attends after this item (run_items)
   bool first = true;
   for (int64_t k = ps.seg_begin; k < ps.seg_end; ++k) {
@@ -301,8 +303,11 @@ inline void attend_plan_item(const Plan& plan, const std::vector<KvView>& kv, co
     // the item.
     const NextRows in_item = first_rows(sc, kv, it, k + 1);
     s.kernel.next = in_item.k ? in_item : after;
-    for (int64_t e = it.e0; e < it.e1; ++e)
-      s.limit[size_t(e - it.e0)] = sc.rows[size_t(ps.row_begin + e / group)].limit - seg.start;
+    for (int64_t e = it.e0; e < it.e1; ++e) {
+      const Schedule::Row& row = sc.rows[size_t(ps.row_begin + e / group)];
+      s.limit[size_t(e - it.e0)] = row.limit - seg.start;
+      if (window) s.first[size_t(e - it.e0)] = row.first - seg.start;
+    }
     float* o_k = o_it;
     float* lse_k = lse_it;
     if (!first) {
@@ -311,7 +316,8 @@ inline void attend_plan_item(const Plan& plan, const std::vector<KvView>& kv, co
       lse_k = o_k + it.heads * n * d;
     }
     run_kernel(plan.target().kernel_choices(ps.kernel, view.dtype), s.q.data(), n, it.heads, view, it.kvh,
-               a - seg.start, b - seg.start, LimitMask{s.limit.data()}, plan.scale(), o_k, lse_k, s.kernel);
+               a - seg.start, b - seg.start, LimitMask{s.limit.data(), window ? s.first.data() : nullptr}, plan.scale(),
+               o_k, lse_k, s.kernel);
     if (!first) merge_states_inplace(o_it, lse_it, o_k, lse_k, it.heads * n, d);
     first = false;
   }
@@ -387,6 +393,7 @@ struct UnifiedBatch {
   int64_t n_rows = 0;                 // query tokens
   const int32_t* row_seq = nullptr;   // (n_rows): sequence of each query token
   const int32_t* row_pos = nullptr;   // (n_rows): its position
+  int64_t window = 0;                 // sliding window: a row sees keys at positions > its own - window (0: none)
 };
 
 // The unified baseline's plan: n_rows query rows against a buffer of n_keys keys (its schedule has one
@@ -423,6 +430,7 @@ inline void check_unified(const UnifiedPlan& p, const UnifiedBatch& b) {
   CASCADE_CHECK(b.kv.n_tokens == p.n_keys && b.n_rows == p.n_rows, "unified batch: ", b.kv.n_tokens, " keys and ",
                 b.n_rows, " rows, the plan has ", p.n_keys, " and ", p.n_rows);
   CASCADE_CHECK(b.n_words > 0, "unified batch: bad n_words (", b.n_words, ")");
+  CASCADE_CHECK(b.window >= 0, "unified batch: negative sliding window (", b.window, ")");
   CASCADE_CHECK(b.n_rows == 0 || (b.row_seq && b.row_pos), "unified batch: null row data with ", b.n_rows, " rows");
   CASCADE_CHECK(b.kv.n_tokens == 0 || (b.key_seqs && b.key_pos), "unified batch: null key masks with ",
                 b.kv.n_tokens, " keys");
@@ -455,7 +463,8 @@ inline void run_unified(const UnifiedPlan& p, const UnifiedBatch& b, const float
                         run_kernel(
                             p.target.kernel_choices(p.schedule.passes[0].kernel, b.kv.dtype), s.q.data(), n, it.heads,
                             b.kv, it.kvh, it.t0, it.t1,
-                            UnifiedMask{b.key_seqs, b.n_words, b.key_pos, s.seq.data(), s.pos.data()}, p.scale, o_it,
+                            UnifiedMask{b.key_seqs, b.n_words, b.key_pos, s.seq.data(), s.pos.data(), b.window},
+                            p.scale, o_it,
                             lse_it, s.kernel);
                       },
                       [&](const Schedule::Item& it) { return next_rows(b.kv, it.kvh, it.heads, it.t0, it.t1); });

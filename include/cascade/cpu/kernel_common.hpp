@@ -84,44 +84,54 @@ class Scratch {
   Buf bufs_[kSlots];
 };
 
-// Visibility: a row sees the first limit[r] tokens of the span (causal and empty-row handling).
+// Visibility: row r sees tokens [first[r], limit[r]) of the span (causal, sliding window and empty-row handling;
+// first == nullptr: from token 0).
 struct LimitMask {
-  const int64_t* limit;  // (R): per stacked row
-  bool visible(int64_t r, int64_t key) const { return key < limit[r]; }
+  const int64_t* limit;            // (R): per stacked row
+  const int64_t* first = nullptr;  // (R), or none
+  bool visible(int64_t r, int64_t key) const { return key < limit[r] && (!first || key >= first[r]); }
   // Whether rows [r0, r0 + n_rows) all see keys [a, a + n).
   bool all_visible(int64_t r0, int64_t n_rows, int64_t a, int64_t n) const {
     for (int64_t r = r0; r < r0 + n_rows; ++r)
-      if (limit[r] < a + n) return false;
+      if (limit[r] < a + n || (first && first[r] > a)) return false;
     return true;
   }
   // bits[j], j < n: bit i set when row r0 + i (i < n_lanes <= 32) sees key a + j.
   void lane_bits(int64_t r0, int n_lanes, int64_t a, int64_t n, uint32_t* bits) const {
     for (int64_t j = 0; j < n; ++j) bits[j] = 0;
     for (int i = 0; i < n_lanes; ++i) {
+      const int64_t lo = first ? std::clamp<int64_t>(first[r0 + i] - a, 0, n) : 0;
       const int64_t vis = std::clamp<int64_t>(limit[r0 + i] - a, 0, n);
-      for (int64_t j = 0; j < vis; ++j) bits[j] |= uint32_t(1) << i;
+      for (int64_t j = lo; j < vis; ++j) bits[j] |= uint32_t(1) << i;
     }
   }
 };
 
 // Visibility in a unified buffer (one KV buffer for all sequences, as llama.cpp's unified cache):
 // key j belongs to the sequences whose bits are set in key_seqs[j * n_words ...] and sits at key_pos[j];
-// row r is a token of sequence row_seq[r] at position row_pos[r]. Visible: same sequence and pos <= pos.
+// row r is a token of sequence row_seq[r] at position row_pos[r]. Visible: same sequence and pos <= pos, and
+// under a sliding window (window > 0) pos > pos - window.
 struct UnifiedMask {
   const uint64_t* key_seqs;  // (n_keys, n_words)
   int64_t n_words;
   const int32_t* key_pos;  // (n_keys)
   const int32_t* row_seq;  // (R)
   const int32_t* row_pos;  // (R)
+  int64_t window = 0;
+  bool in_window(int64_t key_p, int64_t row_p) const { return window <= 0 || key_p > row_p - window; }
   bool visible(int64_t r, int64_t key) const {
     const int32_t seq = row_seq[r];
-    return (key_seqs[key * n_words + (seq >> 6)] >> (seq & 63) & 1) && key_pos[key] <= row_pos[r];
+    return (key_seqs[key * n_words + (seq >> 6)] >> (seq & 63) & 1) && key_pos[key] <= row_pos[r] &&
+           in_window(key_pos[key], row_pos[r]);
   }
   bool all_visible(int64_t r0, int64_t n_rows, int64_t a, int64_t n) const {
-    int32_t min_pos = INT32_MAX;
-    for (int64_t r = r0; r < r0 + n_rows; ++r) min_pos = std::min(min_pos, row_pos[r]);
+    int32_t min_pos = INT32_MAX, max_pos = INT32_MIN;
+    for (int64_t r = r0; r < r0 + n_rows; ++r) {
+      min_pos = std::min(min_pos, row_pos[r]);
+      max_pos = std::max(max_pos, row_pos[r]);
+    }
     for (int64_t key = a; key < a + n; ++key)
-      if (key_pos[key] > min_pos) return false;
+      if (key_pos[key] > min_pos || !in_window(key_pos[key], max_pos)) return false;
     for (int64_t r = r0; r < r0 + n_rows; ++r) {
       const int32_t seq = row_seq[r];
       if (r > r0 && seq == row_seq[r - 1]) continue;
@@ -136,10 +146,11 @@ struct UnifiedMask {
     int32_t seqs[32];
     uint32_t lanes[32];
     int n_seqs = 0;
-    int32_t min_pos = INT32_MAX;
+    int32_t min_pos = INT32_MAX, max_pos = INT32_MIN;
     for (int i = 0; i < n_lanes; ++i) {
       const int32_t seq = row_seq[r0 + i];
       min_pos = std::min(min_pos, row_pos[r0 + i]);
+      max_pos = std::max(max_pos, row_pos[r0 + i]);
       int k = 0;
       while (k < n_seqs && seqs[k] != seq) ++k;
       if (k == n_seqs) {
@@ -154,9 +165,9 @@ struct UnifiedMask {
       uint32_t b = 0;
       for (int k = 0; k < n_seqs; ++k)
         if (w[seqs[k] >> 6] >> (seqs[k] & 63) & 1) b |= lanes[k];
-      if (key_pos[key] > min_pos)
+      if (key_pos[key] > min_pos || !in_window(key_pos[key], max_pos))
         for (int i = 0; i < n_lanes; ++i)
-          if (key_pos[key] > row_pos[r0 + i]) b &= ~(uint32_t(1) << i);
+          if (key_pos[key] > row_pos[r0 + i] || !in_window(key_pos[key], row_pos[r0 + i])) b &= ~(uint32_t(1) << i);
       bits[j] = b;
     }
   }

@@ -29,6 +29,7 @@
 #include <concepts>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -97,7 +98,10 @@ class Workspace {
     ws.tree_ = Tree::build(shape, {b.kv.n_tokens}, {}, {}, ws.scale_);
     ws.source_ = {0};
     ws.sched_ = lower_unified(shape, b.kv.n_tokens, b.n_rows, b.row_seq, b.row_pos, schedule_options(opt));
+    CASCADE_CHECK(b.window >= 0 && b.window <= std::numeric_limits<int32_t>::max(), "unified batch: sliding window ",
+                  b.window, " out of range");
     ws.upload_schedule(b.key_seqs, b.n_words, b.key_pos, b.kv.n_tokens);
+    ws.args_.window = int32_t(b.window);
     const KvView kv = b.kv;
     ws.bind(nullptr, [&](int) { return kv; });
     CASCADE_CUDA_CHECK(cudaStreamSynchronize(nullptr), "cuda::Workspace: binding the unified buffer");

@@ -11,8 +11,9 @@
 //   - when the warps split the tokens (WN > 1) their states are merged through shared memory;
 //   - the block writes its rows' normalized partial states (o, lse natural log) to their slots; a row that
 //     saw no key writes (0, -inf).
-// Masks: a plan pass shows row r the pass's first rows[r].limit tokens (causal, and empty rows); the unified
-// baseline shows key j to row r when j belongs to r's sequence and key_pos[j] <= r's position.
+// Masks: a plan pass shows row r the pass's tokens [rows[r].first, rows[r].limit) (causal, sliding window, and
+// empty rows); the unified baseline shows key j to row r when j belongs to r's sequence and key_pos[j] <= r's
+// position (and > r's position - window under a sliding window).
 //
 // The kernel's steps, in the shape of FlashInfer's prefill kernel (scores, state update, P V, normalize):
 // load_q; per tile load_kv_tile (the next stage), compute_scores, mask_scores, update_state (online softmax),
@@ -44,6 +45,7 @@ struct LaunchArgs {
   const uint64_t* key_seqs = nullptr;  // (n_keys, n_words)
   int32_t n_words = 0;
   const int32_t* key_pos = nullptr;    // (n_keys)
+  int32_t window = 0;                  // sliding window (0: none)
 };
 
 // Head dims with a compiled kernel.
@@ -150,14 +152,14 @@ struct Shape {
   static constexpr int kKvBytes = 2 * 2 * BN * LD * 2;      // K and V, two stages
   static constexpr int kMergeBytes = WN > 1 ? WN * 16 * (D + 2) * 4 : 0;
   static constexpr int kStageBytes = kKvBytes > kMergeBytes ? kKvBytes : kMergeBytes;  // K/V, later the merge
-  static constexpr int kMetaBytes = 3 * BM * 4;
+  static constexpr int kMetaBytes = 4 * BM * 4;
   static constexpr int kSmemBytes = kQBytes + kStageBytes + kMetaBytes;
   static_assert(D % 16 == 0 && NW % 16 == 0 && BN % 16 == 0, "tile shape");
 };
 
 // The block's shared memory (Shape::kSmemBytes): Q as T (BM rows of stride LD), the K/V stages
 // [stage][K|V][BN][LD] (after the last tile, the warps' merge buffer in the same bytes), then each row's mask
-// data: limit, sequence, position (BM each).
+// data: limit, sequence, position, first visible token (BM each).
 template <class T, int D, int Cfg>
 struct Smem {
   using S = Shape<D, Cfg>;
@@ -167,6 +169,7 @@ struct Smem {
   int32_t* lim;
   int32_t* seq;
   int32_t* pos;
+  int32_t* first;
 
   __device__ __forceinline__ explicit Smem(unsigned char* smem)
       : base(smem),
@@ -174,7 +177,8 @@ struct Smem {
         kv(reinterpret_cast<T*>(smem + S::kQBytes)),
         lim(reinterpret_cast<int32_t*>(smem + S::kQBytes + S::kStageBytes)),
         seq(lim + S::BM),
-        pos(seq + S::BM) {}
+        pos(seq + S::BM),
+        first(pos + S::BM) {}
   __device__ __forceinline__ float* merge() const { return reinterpret_cast<float*>(base + S::kQBytes); }
 };
 
@@ -183,6 +187,7 @@ struct RowPair {
   int lim_a, lim_b;
   int seq_a, seq_b;
   int pos_a, pos_b;
+  int first_a, first_b;
 };
 
 // Stacked rows [0, BM) of the item into shared memory: their queries rounded to T (zeros past n_rows), and
@@ -208,12 +213,12 @@ __device__ __forceinline__ void load_q(const LaunchArgs& args, const WorkItem& i
     dst[3] = Mma<T>::from_float(x.w);
   }
   for (int r = tid; r < BM; r += S::kThreads) {
-    int32_t lim = 0, seq = 0, pos = -1;
+    int32_t lim = 0, seq = 0, pos = -1, first = 0;
     if (r < it.n_rows) {
       const RowDesc rd = args.rows[ps.row_begin + (it.e0 + r) / args.group];
-      lim = rd.limit, seq = rd.seq, pos = rd.pos;
+      lim = rd.limit, seq = rd.seq, pos = rd.pos, first = rd.first;
     }
-    sm.lim[r] = lim, sm.seq[r] = seq, sm.pos[r] = pos;
+    sm.lim[r] = lim, sm.seq[r] = seq, sm.pos[r] = pos, sm.first[r] = first;
   }
 }
 
@@ -289,8 +294,8 @@ __device__ __forceinline__ void compute_scores(float (&s)[Shape<D, Cfg>::NW / 8]
 
 // Scales the scores into base 2, masks them (-inf for a key the row does not see) and takes each row's max
 // over this thread's columns into mx_a, mx_b (in the masking loop: a loop of its own compiles to other code).
-// j0: the pass token of the warp's first key in the tile. Plans show row r the keys j < min(t1, limit); the
-// unified baseline (a key mask) the keys j < t1 of r's sequence at positions <= r's.
+// j0: the pass token of the warp's first key in the tile. Plans show row r the keys first <= j < min(t1, limit);
+// the unified baseline (a key mask) the keys j < t1 of r's sequence at positions <= r's (within the window).
 template <int D, int Cfg>
 __device__ __forceinline__ void mask_scores(float (&s)[Shape<D, Cfg>::NW / 8][4], const LaunchArgs& args,
                                             const WorkItem& it, bool unified, const RowPair& rp, int j0,
@@ -307,13 +312,15 @@ __device__ __forceinline__ void mask_scores(float (&s)[Shape<D, Cfg>::NW / 8][4]
         if (j < it.t1) {
           const int kp = args.key_pos[j];
           const uint64_t* bits = args.key_seqs + int64_t(j) * args.n_words;
-          in_a = ((bits[rp.seq_a >> 6] >> (rp.seq_a & 63)) & 1u) && kp <= rp.pos_a;
-          in_b = ((bits[rp.seq_b >> 6] >> (rp.seq_b & 63)) & 1u) && kp <= rp.pos_b;
+          in_a = ((bits[rp.seq_a >> 6] >> (rp.seq_a & 63)) & 1u) && kp <= rp.pos_a &&
+                 (args.window <= 0 || kp > rp.pos_a - args.window);
+          in_b = ((bits[rp.seq_b >> 6] >> (rp.seq_b & 63)) & 1u) && kp <= rp.pos_b &&
+                 (args.window <= 0 || kp > rp.pos_b - args.window);
         }
         vis_a = in_a, vis_b = in_b;
       } else {
-        vis_a = j < it.t1 && j < rp.lim_a;
-        vis_b = j < it.t1 && j < rp.lim_b;
+        vis_a = j < it.t1 && j < rp.lim_a && j >= rp.first_a;
+        vis_b = j < it.t1 && j < rp.lim_b && j >= rp.first_b;
       }
       s[nt][u] = vis_a ? s[nt][u] * args.scale_log2 : -INFINITY;
       s[nt][2 + u] = vis_b ? s[nt][2 + u] * args.scale_log2 : -INFINITY;
@@ -485,7 +492,8 @@ __global__ void __launch_bounds__(Shape<D, Cfg>::kThreads)
   }
   // This thread's two rows (fragment rows lane/4 and lane/4 + 8) and their mask data.
   const int ra = row0 + (lane >> 2), rb = ra + 8;
-  const RowPair rp{sm.lim[ra], sm.lim[rb], sm.seq[ra], sm.seq[rb], sm.pos[ra], sm.pos[rb]};
+  const RowPair rp{sm.lim[ra],   sm.lim[rb],   sm.seq[ra],   sm.seq[rb],
+                   sm.pos[ra],   sm.pos[rb],   sm.first[ra], sm.first[rb]};
 
   // This thread's part of its two rows' running state: o, unnormalized, in the accumulator layout of a
   // (16, D) product (o[i][0..1] row a, o[i][2..3] row b); m, the running max of the scores (base 2); l, the sum

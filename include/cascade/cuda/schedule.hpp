@@ -124,6 +124,7 @@ inline DeviceSchedule lower(const Plan& plan) {
       RowDesc d;
       d.q_row = detail::to_i32(r.row, "query row");
       d.limit = int32_t(r.limit);
+      d.first = int32_t(r.first);
       ds.rows.push_back(d);
     }
   }

@@ -28,13 +28,15 @@ struct PassDesc {
   int32_t pad = 0;
 };
 
-// One query token row of a pass. Plans: it sees the pass's first `limit` tokens. The unified buffer:
-// it is a token of sequence `seq` at position `pos`, and sees the keys of its sequence at positions <= pos.
+// One query token row of a pass. Plans: it sees the pass's tokens [first, limit). The unified buffer: it is a
+// token of sequence `seq` at position `pos`, and sees the keys of its sequence at positions <= pos (and, under a
+// sliding window, > pos - window: LaunchArgs::window).
 struct RowDesc {
   int32_t q_row = 0;
   int32_t limit = 0;
   int32_t seq = 0;
   int32_t pos = 0;
+  int32_t first = 0;
 };
 
 struct WorkItem {
@@ -45,6 +47,6 @@ struct WorkItem {
   int32_t t0 = 0, t1 = 0;
   int64_t slot = 0;
 };
-static_assert(sizeof(WorkItem) == 32 && sizeof(RowDesc) == 16, "device structs are uploaded as bytes");
+static_assert(sizeof(WorkItem) == 32 && sizeof(RowDesc) == 20, "device structs are uploaded as bytes");
 
 }  // namespace cascade::cuda
