@@ -33,6 +33,14 @@ KvCache::KvCache(int n_layer, const HeadShape& shape, DType dtype) : n_layer_(n_
   CASCADE_CHECK(n_layer > 0, "KV cache: n_layer must be positive (got ", n_layer, ")");
 }
 
+void KvCache::set_layer_windows(const std::vector<int64_t>& windows) {
+  CASCADE_CHECK(windows.empty() || int64_t(windows.size()) == n_layer_, "KV cache: ", windows.size(),
+                " layer windows for ", n_layer_, " layers");
+  for (int64_t w : windows) CASCADE_CHECK(w >= 0, "KV cache: negative sliding window (", w, ")");
+  layer_windows_ = windows;
+  if (std::all_of(windows.begin(), windows.end(), [](int64_t w) { return w == 0; })) layer_windows_.clear();
+}
+
 void KvCache::append_raw(KvBuffer& b, const KvBuffer& src) const {
   const size_t bytes = size_t(src.n * row_bytes()), at = size_t(b.n * row_bytes());
   b.k.resize(at + bytes);  // std::vector grows geometrically: appends are amortized O(1) per token
@@ -318,8 +326,22 @@ void TreeCache::begin_step(const std::vector<Entry>& entries) {
     if (shared && !cost_) cost_ = calibrate(0, shape_);
     if (shared) opt.cost_model = &*cost_;
   }
+  plan_opt_ = opt;
+  window_plans_.clear();
   plan_ = cpu::plan(std::move(tree), opt);
   in_step_ = true;
+}
+
+const Plan& TreeCache::step_plan(int64_t window) {
+  if (window == 0) return plan_;
+  for (const auto& [w, p] : window_plans_)
+    if (w == window) return p;
+  // The plan's positions count from each path's root: a window needs them to be the tokens' own.
+  for (int g : step_segs_)
+    CASCADE_CHECK(segs_[size_t(g)].parent >= 0 || segs_[size_t(g)].start == 0, "KV cache: root segment ", g,
+                  " starts at position ", segs_[size_t(g)].start, ", which a sliding window cannot place");
+  window_plans_.emplace_back(window, cpu::plan(plan_.tree().with_window(window), plan_opt_));
+  return window_plans_.back().second;
 }
 
 void TreeCache::store(int il, const float* k, const float* v) {
@@ -336,7 +358,8 @@ void TreeCache::store(int il, const float* k, const float* v) {
 void TreeCache::attend(int il, const float* q, float* o) {
   CASCADE_CHECK(in_step_, "KV cache: attend() outside a step (begin_step first; the tree changed since)");
   CASCADE_CHECK(il >= 0 && il < n_layer_, "KV cache: layer ", il, " out of range");
-  cpu::run(plan_, [&](int g) { return KvCache::view(segs_[size_t(step_segs_[size_t(g)])].layers[size_t(il)]); }, q, o);
+  const Plan& plan = step_plan(layer_window(il));
+  cpu::run(plan, [&](int g) { return KvCache::view(segs_[size_t(step_segs_[size_t(g)])].layers[size_t(il)]); }, q, o);
 }
 
 int64_t TreeCache::stored_tokens() const {
@@ -494,6 +517,7 @@ void UnifiedCache::attend(int il, const float* q, float* o) {
   b.n_rows = step_rows_;
   b.row_seq = row_seq_.data();
   b.row_pos = row_pos_.data();
+  b.window = layer_window(il);
   cpu::run_unified(plan_, b, q, o);
 }
 
@@ -528,6 +552,12 @@ void JoinedCache::store(int il, const float* k, const float* v) {
   if (n_second_) second_.store(il, k + off, v + off);
 }
 
+void JoinedCache::set_layer_windows(const std::vector<int64_t>& windows) {
+  KvCache::set_layer_windows(windows);
+  first_.set_layer_windows(windows);
+  second_.set_layer_windows(windows);
+}
+
 void JoinedCache::attend(int il, const float* q, float* o) {
   const int64_t off = n_first_ * shape_.n_q_heads * shape_.head_dim;
   if (n_first_) first_.attend(il, q, o);
@@ -535,6 +565,12 @@ void JoinedCache::attend(int il, const float* q, float* o) {
 }
 
 // --- the methods ---
+
+void KvMethod::set_layer_windows(const std::vector<int64_t>& windows) {
+  KvCache::set_layer_windows(windows);
+  tree_->set_layer_windows(windows);
+  if (step_ != tree_.get()) step_->set_layer_windows(windows);
+}
 
 KvMethod::KvMethod(AttnMethod m, std::unique_ptr<TreeCache> tree)
     : KvCache(tree->n_layer(), tree->shape(), tree->dtype()), method_(m), tree_(std::move(tree)), step_(tree_.get()) {}

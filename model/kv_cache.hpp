@@ -78,6 +78,12 @@ class KvCache {
   // q, o: (step_rows, n_q_heads, head_dim) f32. Must follow store(il, ...).
   virtual void attend(int il, const float* q, float* o) = 0;
 
+  // Sliding windows, per layer (0: none; empty: none anywhere): layer il's rows see their last windows[il] keys
+  // (tree.hpp). Kept until set again, for every step after; set between steps or right after begin_step.
+  // Error on a count other than n_layer or a negative window.
+  virtual void set_layer_windows(const std::vector<int64_t>& windows);
+  int64_t layer_window(int il) const { return layer_windows_.empty() ? 0 : layer_windows_[size_t(il)]; }
+
   virtual int64_t stored_tokens() const = 0;  // tokens held (per layer), each stored copy counted
   size_t kv_bytes() const { return size_t(stored_tokens()) * size_t(n_layer_) * 2 * size_t(row_bytes()); }
   // Bytes the K/V buffers hold in memory: kv_bytes() plus room reserved or left by growth.
@@ -95,6 +101,7 @@ class KvCache {
   HeadShape shape_;
   DType dtype_;
   int64_t step_rows_ = 0;
+  std::vector<int64_t> layer_windows_;  // (n_layer), or empty
 };
 
 class TreeCache final : public KvCache {
@@ -144,6 +151,8 @@ class TreeCache final : public KvCache {
   void store(int il, const float* k, const float* v) override;
   void attend(int il, const float* q, float* o) override;
   const Plan& step_plan() const { return plan_; }
+  // The step's plan for layers of sliding window `window` (0: step_plan()), made at the first layer that asks.
+  const Plan& step_plan(int64_t window);
 
   int64_t stored_tokens() const override;
   size_t allocated_bytes() const override;
@@ -170,6 +179,8 @@ class TreeCache final : public KvCache {
   std::vector<int> step_segs_;  // plan segment -> cache segment
   std::vector<int> compact_;    // cache segment -> plan segment, or -1
   Plan plan_;
+  cpu::Options plan_opt_;                             // what plan_ was made with
+  std::vector<std::pair<int64_t, Plan>> window_plans_;  // the step's plans under each layer window asked for
   bool in_step_ = false;
 };
 
@@ -222,6 +233,7 @@ class JoinedCache final : public KvCache {
   void begin_step(const std::vector<Entry>& entries) override { begin_steps(entries, {}); }
   void store(int il, const float* k, const float* v) override;
   void attend(int il, const float* q, float* o) override;
+  void set_layer_windows(const std::vector<int64_t>& windows) override;
   int64_t stored_tokens() const override { return first_.stored_tokens() + second_.stored_tokens(); }
   size_t allocated_bytes() const override { return first_.allocated_bytes() + second_.allocated_bytes(); }
 
@@ -280,6 +292,7 @@ class KvMethod : public KvCache {
   void begin_step(const std::vector<Entry>& seqs) override { begin_steps(seqs, {}); }
   void store(int il, const float* k, const float* v) override { step_->store(il, k, v); }
   void attend(int il, const float* q, float* o) override { step_->attend(il, q, o); }
+  void set_layer_windows(const std::vector<int64_t>& windows) override;
   int64_t stored_tokens() const override { return tree_->stored_tokens(); }
   size_t allocated_bytes() const override { return tree_->allocated_bytes(); }
 
