@@ -106,8 +106,8 @@ void load_qkv(Tensors& ts, const std::string& p, const Hparams& hp, Layer& l) {
       return;
     }
   } else {
-    CASCADE_CHECK(ts.has(p + "attn_q.weight"), ts.file_name(), ": missing tensor '", p, "attn_q.weight' (and no fused '",
-                  p, "attn_qkv.weight')");
+    CASCADE_CHECK(ts.has(p + "attn_q.weight"), ts.file_name(), ": missing tensor '", p,
+                  "attn_q.weight' (and no fused '", p, "attn_qkv.weight')");
     l.wq = ts.matrix(p + "attn_q.weight", d, dq);
     l.wk = ts.matrix(p + "attn_k.weight", d, dkv);
     l.wv = ts.matrix(p + "attn_v.weight", d, dkv);
@@ -282,10 +282,12 @@ void ffn_block(const Hparams& hp, const Layer& l, const Products& mul, int64_t n
   }
   add_bias(a.g.data(), l.ffn_gate_b, n);
   add_bias(a.u.data(), l.ffn_up_b, n);
+  float* g = a.g.data();
+  const float* u = a.u.data();
   if (hp.act == Activation::gelu)
-    for (int64_t i = 0; i < n * n_ff; ++i) a.g[size_t(i)] = gelu(a.g[size_t(i)]) * a.u[size_t(i)];
+    for (int64_t i = 0; i < n * n_ff; ++i) g[i] = gelu(g[i]) * u[i];
   else
-    for (int64_t i = 0; i < n * n_ff; ++i) a.g[size_t(i)] = a.g[size_t(i)] / (1.0f + std::exp(-a.g[size_t(i)])) * a.u[size_t(i)];
+    for (int64_t i = 0; i < n * n_ff; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
   mul(l.ffn_down, linear::Input(a.g.data(), n, n_ff), a.tmp.data());
   add_bias(a.tmp.data(), l.ffn_down_b, n);
   if (!l.ffn_post_norm.empty()) rms_norm(a.tmp.data(), l.ffn_post_norm.data(), n, d, hp.rms_eps, a.tmp.data());

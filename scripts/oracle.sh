@@ -17,7 +17,7 @@ data="$root/tests/data/oracle"
 die() { echo "oracle.sh: $*" >&2; exit 1; }
 [ -f "$build/CMakeCache.txt" ] || die "$build is not a configured CMake build folder"
 
-client="$("$root/bench/llama-cpp.sh" --build-only)" || die "building llama.cpp failed"
+client="$(bash "$root/bench/llama-cpp.sh" --build-only)" || die "building llama.cpp failed"
 lbuild="$(dirname "$client")"
 cache="${CASCADE_LLAMA_CPP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cascade-llama-cpp}"
 src="${CASCADE_LLAMA_CPP_SRC:-$cache/llama_cpp_python-0.3.36/vendor/llama.cpp}"
@@ -43,9 +43,13 @@ while read -r name file mode tokens; do
   n=$((n + 1))
 done < "$data/cases.txt"
 
-commit=unknown
+# The sdist keeps the vendored commit in its own git metadata; a source tree of llama.cpp in its checkout's.
 head="$(dirname "$(dirname "$src")")/.git/modules/vendor/llama.cpp/HEAD"
-if [ -f "$head" ]; then commit="$(cat "$head")"; else commit="$(git -C "$src" rev-parse HEAD 2>/dev/null || echo unknown)"; fi
+if [ -f "$head" ]; then
+  commit="$(cat "$head")"
+else
+  commit="$(git -C "$src" rev-parse HEAD 2>/dev/null || echo unknown)"
+fi
 cpu="$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ *//')"
 {
   echo "llama.cpp $commit (vendored by llama-cpp-python 0.3.36), CPU backend built by bench/llama-cpp.sh"

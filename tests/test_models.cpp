@@ -28,7 +28,8 @@ struct Extra {
   std::string name;
   std::vector<int64_t> ne;
 };
-std::vector<uint8_t> rewrite(const gguf::File& f, const std::function<bool(gguf::Writer&, const gguf::KeyValue&)>& edit_key,
+using KeyEdit = std::function<bool(gguf::Writer&, const gguf::KeyValue&)>;
+std::vector<uint8_t> rewrite(const gguf::File& f, const KeyEdit& edit_key,
                              const std::function<bool(std::string&)>& edit_tensor, const std::vector<Extra>& extra = {}) {
   gguf::Writer w;
   for (const gguf::KeyValue& kv : f.kvs())
@@ -57,16 +58,24 @@ std::string load_error(std::vector<uint8_t> bytes) {
   return "";
 }
 
-std::string spec_error(const TinySpec& s, const std::function<bool(gguf::Writer&, const gguf::KeyValue&)>& edit_key) {
+std::string spec_error(const TinySpec& s, const KeyEdit& edit_key) {
   const gguf::File f = gguf::File::from_bytes(oracle::write_tiny(s), "tiny.gguf");
   return load_error(rewrite(f, edit_key, nullptr));
 }
 
 // Sets key k to a u32 (replacing it, or adding it after the architecture).
-std::function<bool(gguf::Writer&, const gguf::KeyValue&)> set_u32(const std::string& k, uint32_t v) {
+KeyEdit set_u32(const std::string& k, uint32_t v) {
   return [k, v](gguf::Writer& w, const gguf::KeyValue& kv) {
     if (kv.key == "general.architecture") w.set_value(kv.key, kv.value), w.set_u32(k, v);
     return kv.key != k && kv.key != "general.architecture";
+  };
+}
+
+// Adds a key after the architecture (set: what to set on the writer).
+KeyEdit add_key(std::function<void(gguf::Writer&)> set) {
+  return [set](gguf::Writer& w, const gguf::KeyValue& kv) {
+    if (kv.key == "general.architecture") w.set_value(kv.key, kv.value), set(w);
+    return kv.key != "general.architecture";
   };
 }
 
@@ -217,7 +226,7 @@ TEST_CASE("models: keys that would change the math and are not implemented are r
   const TinySpec llama_spec = oracle::tiny_spec("l", "llama", "f32");
   struct Bad {
     TinySpec spec;
-    std::function<bool(gguf::Writer&, const gguf::KeyValue&)> edit;
+    KeyEdit edit;
     std::string expect;
   };
   TinySpec longrope = llama_spec;
@@ -236,17 +245,9 @@ TEST_CASE("models: keys that would change the math and are not implemented are r
       {qwen2_dims, nullptr, "head_count x head dim (2 x 32) differs from embedding_length (32)"},
       {kv_len, set_u32("llama.attention.value_length", 8), "attention.value_length (8) differs"},
       {llama_spec, set_u32("split.count", 2), "split across 2 files"},
-      {llama_spec,
-       [](gguf::Writer& w, const gguf::KeyValue& kv) {
-         if (kv.key == "general.architecture") w.set_value(kv.key, kv.value), w.set_f32("llama.rope.scaling.yarn_beta_fast", 16);
-         return kv.key != "general.architecture";
-       },
+      {llama_spec, add_key([](gguf::Writer& w) { w.set_f32("llama.rope.scaling.yarn_beta_fast", 16); }),
        "'llama.rope.scaling.yarn_beta_fast' = 16"},
-      {llama_spec,
-       [](gguf::Writer& w, const gguf::KeyValue& kv) {
-         if (kv.key == "general.architecture") w.set_value(kv.key, kv.value), w.set_bool("llama.attention.causal", false);
-         return kv.key != "general.architecture";
-       },
+      {llama_spec, add_key([](gguf::Writer& w) { w.set_bool("llama.attention.causal", false); }),
        "non-causal attention is not implemented"},
       {llama_spec,
        [](gguf::Writer& w, const gguf::KeyValue& kv) {

@@ -158,8 +158,10 @@ inline void put_keys(gguf::Writer& w, const TinySpec& s) {
   w.set_u32(a + "block_count", uint32_t(s.n_layer)).set_u32(a + "feed_forward_length", uint32_t(s.n_ff));
   w.set_u32(a + "attention.head_count", uint32_t(s.n_head));
   w.set_u32(a + "attention.head_count_kv", uint32_t(s.n_head_kv));
-  if (s.head_dim > 0)
-    w.set_u32(a + "attention.key_length", uint32_t(s.head_dim)).set_u32(a + "attention.value_length", uint32_t(s.head_dim));
+  if (s.head_dim > 0) {
+    w.set_u32(a + "attention.key_length", uint32_t(s.head_dim));
+    w.set_u32(a + "attention.value_length", uint32_t(s.head_dim));
+  }
   if (s.n_rot > 0) w.set_u32(a + "rope.dimension_count", uint32_t(s.n_rot));
   w.set_f32(a + "rope.freq_base", s.rope_base);
   w.set_f32(a + "attention.layer_norm_rms_epsilon", s.arch == "gemma3" ? 1e-6f : 1e-5f);
