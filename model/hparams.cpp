@@ -162,27 +162,24 @@ void read_rope(const gguf::File& f, Keys& keys, Hparams& hp) {
 
 // Windows, soft-caps, scales: what differs between the architectures beyond their tensors.
 void read_arch(const gguf::File& f, Keys& keys, Hparams& hp) {
-  hp.swa_layers.assign(size_t(hp.n_layer), 0);
-  if (hp.arch == Arch::llama || hp.arch == Arch::phi3 || hp.arch == Arch::gemma3) {
+  // llama and phi3: a window is every layer's.
+  if (hp.arch == Arch::llama || hp.arch == Arch::phi3 || hp.arch == Arch::gemma3)
     hp.n_swa = keys.count("attention.sliding_window", 0);
-    if (hp.arch != Arch::gemma3) hp.swa_layers.assign(size_t(hp.n_layer), 1);
-  }
   if (hp.arch != Arch::gemma3) return;
   hp.act = Activation::gelu;
   hp.embd_scale = std::sqrt(float(hp.n_embd));
   hp.logit_softcap = keys.real("final_logit_softcapping").value_or(0.0f);
   hp.rope_base_swa = keys.real("rope.freq_base_swa").value_or(10000.0f);
   hp.swa_rope = true;
-  // Sliding-window layers: a per-layer bool array, or a period n (layer il is windowed unless il % n == n - 1).
+  // Sliding-window layers: a per-layer bool array, or a period (6 when absent).
   const gguf::Value* pattern = keys.value("attention.sliding_window_pattern");
   if (pattern != nullptr && pattern->is_array()) {
     CASCADE_CHECK(pattern->elem_type == gguf::ValueType::BOOL && int64_t(pattern->count) == hp.n_layer, f.name(),
                   ": key '", keys.name("attention.sliding_window_pattern"), "' must be ", hp.n_layer,
                   " bools (one per layer)");
-    for (int64_t il = 0; il < hp.n_layer; ++il) hp.swa_layers[size_t(il)] = pattern->elems[il] != 0;
+    hp.swa_layers.assign(pattern->elems, pattern->elems + pattern->count);
   } else {
-    const int64_t n = keys.count("attention.sliding_window_pattern", 6);
-    for (int64_t il = 0; il < hp.n_layer; ++il) hp.swa_layers[size_t(il)] = n == 0 || il % n < n - 1;
+    hp.swa_period = keys.count("attention.sliding_window_pattern", 6);
   }
   // llama.cpp: 1/sqrt(head_dim), except for the 62-layer model (Gemma 3 27B), whose queries are scaled by
   // 1/sqrt(n_embd / n_head) (gemma_pytorch's query_pre_attn_scalar); the file says which only by its depth.
@@ -264,8 +261,8 @@ void Hparams::validate() const {
   CASCADE_CHECK(std::isfinite(attn_scale) && attn_scale >= 0, "attention scale ", attn_scale, " must be finite");
   CASCADE_CHECK(std::isfinite(logit_softcap) && logit_softcap >= 0, "final_logit_softcapping ", logit_softcap,
                 " must be non-negative");
-  CASCADE_CHECK(n_swa >= 0 && int64_t(swa_layers.size()) == n_layer, "sliding window ", n_swa,
-                " with a layer pattern of ", swa_layers.size(), " layers for ", n_layer);
+  CASCADE_CHECK(n_swa >= 0 && swa_period >= 0 && (swa_layers.empty() || int64_t(swa_layers.size()) == n_layer),
+                "sliding window ", n_swa, " with a layer pattern of ", swa_layers.size(), " layers for ", n_layer);
 }
 
 RopeTable RopeTable::make(const Hparams& hp, float base, float freq_scale, const std::vector<float>& factors) {

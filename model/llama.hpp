@@ -95,10 +95,17 @@ struct Hparams {
   float logit_softcap = 0.0f;        // logits = c tanh(logits / c) where c > 0 (final_logit_softcapping)
   Activation act = Activation::silu;
   int64_t n_swa = 0;                 // sliding window: a row sees its last n_swa keys; 0 for none
-  std::vector<uint8_t> swa_layers;   // (n_layer): 1 where the layer attends within the window
+  // Which layers attend within the window: those given by swa_layers ((n_layer), 1 for a windowed layer) when
+  // the file lists them, else every layer but each swa_period-th (il % swa_period == swa_period - 1; 0: all).
+  int64_t swa_period = 0;
+  std::vector<uint8_t> swa_layers;
   bool swa_rope = false;             // the window layers rotate by rope_base_swa, unscaled (gemma3)
 
-  bool is_swa(int64_t il) const { return n_swa > 0 && swa_layers[size_t(il)] != 0; }
+  bool is_swa(int64_t il) const {
+    if (n_swa == 0) return false;
+    if (!swa_layers.empty()) return swa_layers[size_t(il)] != 0;
+    return swa_period == 0 || il % swa_period < swa_period - 1;
+  }
   HeadShape head_shape() const { return {int(n_head), int(n_head_kv), int(head_dim)}; }
   // Reads the keys (n_vocab from token_embd.weight); throws Error naming the key or the inconsistency, a key
   // of the architecture that this runtime does not read included.
