@@ -78,6 +78,8 @@ int64_t check_shapes(const Model& m) {
   if (!w.tied) check_linear(w.output, d, hp.n_vocab, "output");
   check_optional(w.output_b, hp.n_vocab, "output.bias");
   check_optional(w.rope_freqs, hp.n_rot / 2, "rope_freqs");
+  check_optional(w.rope_long, hp.n_rot / 2, "rope_factors_long");
+  check_optional(w.rope_short, hp.n_rot / 2, "rope_factors_short");
   if (int64_t(w.layers.size()) != hp.n_layer) fail("layer count differs from block_count");
   for (const llama::Layer& l : w.layers) {
     check_vector(l.attn_norm, d, "attn_norm");

@@ -140,9 +140,12 @@ void read_rope(const gguf::File& f, Keys& keys, Hparams& hp) {
   } else if (type == "yarn") {
     rs.type = RopeScaling::Type::yarn;
     rs.ext_factor = 1.0f;
+  } else if (type == "longrope" && (hp.arch == Arch::llama || hp.arch == Arch::phi3)) {
+    rs.type = RopeScaling::Type::longrope;  // the factors are tensors (Model::set_context_length)
   } else {
-    detail::fail(f.name(), ": key '", keys.name("rope.scaling.type"), "' = '", type,
-                 "': RoPE scaling of that type is not implemented (none, linear and yarn are)");
+    detail::fail(f.name(), ": key '", keys.name("rope.scaling.type"), "' = '", type, "': RoPE scaling of that type is ",
+                 "not implemented for architecture '", arch_name(hp.arch), "' (none, linear and yarn are; longrope ",
+                 "for llama and phi3)");
   }
   rs.n_ctx_orig = keys.count("rope.scaling.original_context_length", hp.n_ctx_train);
   (void)keys.value("rope.scaling.finetuned");  // informational

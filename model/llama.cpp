@@ -298,7 +298,8 @@ void ffn_block(const Hparams& hp, const Layer& l, const Products& mul, int64_t n
 
 size_t Model::weight_bytes() const {
   size_t n = w_.tok_embd.bytes() + (w_.tied ? 0 : w_.output.bytes());
-  size_t n_floats = w_.output_norm.size() + w_.output_b.size() + w_.rope_freqs.size();
+  size_t n_floats = w_.output_norm.size() + w_.output_b.size() + w_.rope_freqs.size() + w_.rope_long.size() +
+                    w_.rope_short.size();
   for (const Layer& l : w_.layers) {
     n += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.ffn_gate.bytes() + l.ffn_up.bytes() +
          l.ffn_down.bytes();
@@ -329,14 +330,29 @@ Model Model::load_from(const gguf::File& f, const uint8_t* base, LinearPath path
   w.tied = !ts.has("output.weight");
   if (!w.tied) w.output = ts.matrix("output.weight", hp.n_embd, hp.n_vocab);
   if (hp.arch == Arch::qwen2) w.output_b = ts.optional_vector("output.bias", hp.n_vocab);
-  if (hp.arch == Arch::llama) w.rope_freqs = ts.optional_vector("rope_freqs.weight", hp.n_rot / 2);
+  // llama.cpp's llama reads rope_freqs, or the long and short factors under longrope scaling; phi3 the latter.
+  const bool longrope = hp.rope_scaling.type == RopeScaling::Type::longrope;
+  if (hp.arch == Arch::llama && !longrope) w.rope_freqs = ts.optional_vector("rope_freqs.weight", hp.n_rot / 2);
+  if (hp.arch == Arch::phi3 || longrope) {
+    w.rope_long = ts.optional_vector("rope_factors_long.weight", hp.n_rot / 2);
+    w.rope_short = ts.optional_vector("rope_factors_short.weight", hp.n_rot / 2);
+  }
   // Layer by layer, so a block_count larger than the file's tensors fails at the first missing tensor
   // instead of allocating every layer up front.
   for (int64_t il = 0; il < hp.n_layer; ++il) w.layers.push_back(load_layer(ts, hp, il));
   ts.check_all_used();
-  m.rope_ = RopeTable::make(hp, hp.rope_base, hp.rope_scaling.freq_scale, w.rope_freqs);
-  m.rope_swa_ = RopeTable::make(hp, hp.rope_base_swa, 1.0f, w.rope_freqs);
+  m.set_context_length(hp.n_ctx_train);
   return m;
+}
+
+void Model::set_context_length(int64_t n_ctx) {
+  CASCADE_CHECK(n_ctx > 0, "set_context_length: a context of ", n_ctx, " tokens");
+  n_ctx_ = n_ctx;
+  const std::vector<float>& factors = !w_.rope_freqs.empty()                ? w_.rope_freqs
+                                      : n_ctx > hp_.rope_scaling.n_ctx_orig ? w_.rope_long
+                                                                            : w_.rope_short;
+  rope_ = RopeTable::make(hp_, hp_.rope_base, hp_.rope_scaling.freq_scale, factors);
+  rope_swa_ = RopeTable::make(hp_, hp_.rope_base_swa, 1.0f, factors);
 }
 
 // The bytes from the first tensor's to the end of the file (tensors are laid out after it, in any order).

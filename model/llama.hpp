@@ -65,7 +65,7 @@ enum class Activation { silu, gelu };  // gelu: the tanh form, as llama.cpp's
 // freq_scale times it by YaRN's ramp over the pairs (ext_factor 0: freq_scale times it throughout), and cos and
 // sin are multiplied by a magnitude (attn_factor, and YaRN's own).
 struct RopeScaling {
-  enum class Type { none, linear, yarn };
+  enum class Type { none, linear, yarn, longrope };  // longrope: factors for long and short contexts
   Type type = Type::none;
   float freq_scale = 1.0f;   // 1 / rope.scaling.factor (type none: 1)
   float ext_factor = 0.0f;   // 1 for yarn, else 0
@@ -141,6 +141,9 @@ struct Weights {
   Linear output;                   // (n_vocab, n_embd); empty when tied (tok_embd is used)
   std::vector<float> output_b;     // (n_vocab): output.bias (qwen2)
   std::vector<float> rope_freqs;   // (n_rot / 2): rope_freqs.weight, the factors angles are divided by (llama)
+  // (n_rot / 2): rope_factors_long.weight and rope_factors_short.weight (Phi-3's 128k models: phi3, and llama
+  // with longrope scaling), the factors for contexts longer than the original one and for the others
+  std::vector<float> rope_long, rope_short;
   bool tied = false;
   const Linear& lm_head() const { return tied ? tok_embd : output; }
 };
@@ -178,6 +181,13 @@ class Model {
   // Bytes the weights of a file take once loaded: the tensors' own.
   static uint64_t bytes_needed(const gguf::File& file);
 
+  // RoPE factors chosen for a context of n_ctx tokens per sequence, as llama.cpp chooses them: the long ones when
+  // n_ctx exceeds the original context (rope.scaling.original_context_length), else the short ones. load chooses
+  // for n_ctx_train, which is llama.cpp's default context. Only models with both sets depend on it. Not to be
+  // called while a forward pass runs.
+  void set_context_length(int64_t n_ctx);
+  int64_t context_length() const { return n_ctx_; }
+
   const Hparams& hparams() const { return hp_; }
   const Weights& weights() const { return w_; }
   LinearPath linear_path() const { return path_; }
@@ -196,6 +206,7 @@ class Model {
   LinearPath path_ = LinearPath::quantized;
   std::shared_ptr<const void> bytes_;  // what the matrices view: the File, or a copy of its tensors
   RopeTable rope_, rope_swa_;          // for the full-attention layers, for the sliding-window layers
+  int64_t n_ctx_ = 0;                  // the context the RoPE factors were chosen for
 };
 
 }  // namespace llama

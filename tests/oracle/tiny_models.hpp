@@ -40,6 +40,7 @@ struct TinySpec {
   bool llama_biases = false;  // attn_output.bias and the FFN's biases (llama)
   bool output_bias = false;   // output.bias (qwen2)
   bool rope_freqs = false;    // rope_freqs.weight: Llama 3.1's factors for an original context of 32
+  bool rope_long_short = false;  // rope_factors_long/short.weight (Phi-3's 128k models): 1..8 and 1..1.5
   std::string rope_scaling;   // rope.scaling.type; empty: absent
   float rope_factor = 0.0f;   // rope.scaling.factor; 0: absent
   float rope_attn_factor = 0.0f;  // rope.scaling.attn_factor; 0: absent
@@ -221,6 +222,16 @@ inline std::vector<uint8_t> write_tiny(const TinySpec& s) {
     const auto f = detail::llama3_factors(s.n_rot > 0 ? s.n_rot : int(hd), s.rope_base);
     w.add_tensor("rope_freqs.weight", TensorType::F32, {int64_t(f.size())}, f.data());
   }
+  if (s.rope_long_short) {
+    const int64_t half = (s.n_rot > 0 ? s.n_rot : hd) / 2;
+    std::vector<float> lo(static_cast<size_t>(half)), hi(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i) {
+      hi[size_t(i)] = 1.0f + 7.0f * float(i) / float(half - 1);
+      lo[size_t(i)] = 1.0f + 0.5f * float(i) / float(half - 1);
+    }
+    w.add_tensor("rope_factors_long.weight", TensorType::F32, {half}, hi.data());
+    w.add_tensor("rope_factors_short.weight", TensorType::F32, {half}, lo.data());
+  }
   for (int il = 0; il < s.n_layer; ++il) {
     const std::string p = "blk." + std::to_string(il) + ".";
     vec(p + "attn_norm.weight", d, 0.5f, 1.5f);
@@ -346,6 +357,20 @@ inline std::vector<TinySpec> oracle_specs() {
     if (s.type == "f16") s.rope_scaling = "linear", s.rope_factor = 4.0f, s.softcap = 5.0f;
     if (s.type == "q4_K_M") s = k_quant(s), s.head_dim = 32;
     add(s);
+  }
+  {
+    // Phi-3.5 / Phi-4-mini: long and short RoPE factors, llama.cpp's context (256, oracle-logits) above the
+    // original one (long factors) or not (short); no scaling type key, as their converter writes them.
+    TinySpec lng = tiny_spec("phi3-longrope-f32", "phi3", "f32");
+    lng.fused_qkv = true, lng.rope_long_short = true, lng.rope_orig_ctx = 64, lng.rope_attn_factor = 1.19f;
+    lng.rope_base = 1000.0f;
+    add(lng);
+    TinySpec shrt = lng;
+    shrt.name = "phi3-shortrope-f16", shrt.type = "f16", shrt.rope_orig_ctx = 256;
+    add(shrt);
+    TinySpec llm = tiny_spec("llama-longrope-q8_0", "llama", "q8_0");  // the same under llama, declared
+    llm.rope_long_short = true, llm.rope_scaling = "longrope", llm.rope_orig_ctx = 64, llm.rope_base = 1000.0f;
+    add(llm);
   }
   return v;
 }
