@@ -405,7 +405,9 @@ void Model::forward(const std::vector<int32_t>& tokens, const std::vector<int32_
     CASCADE_CHECK(t >= 0 && t < hp.n_vocab, "forward: token id ", t, " outside the vocabulary [0, ", hp.n_vocab, ")");
   // Until the attention takes a window, a row that would see more keys than its layer's window is refused: the
   // attention would read keys the model does not.
-  if (hp.n_swa > 0)
+  bool windowed = false;
+  for (int64_t il = 0; il < hp.n_layer; ++il) windowed |= hp.is_swa(il);
+  if (windowed)
     for (int32_t p : pos)
       CASCADE_CHECK(p < hp.n_swa, "forward: position ", p, " is beyond the model's sliding window of ", hp.n_swa,
                     " tokens, and sliding-window attention is not implemented yet: keep sequences within ",
