@@ -17,7 +17,8 @@
 // Hyperparameters: counts may be u32 or u64; `head_count_kv` absent means head_count (no GQA);
 // `attention.key_length` (= `value_length`) absent means n_embd / n_head; `rope.dimension_count` absent means the
 // head dim; `rope.freq_base` absent means 10000; `rope.scaling.type` none, linear or yarn with
-// `rope.scaling.factor`, `rope.scaling.attn_factor` and `rope.scaling.original_context_length`.
+// `rope.scaling.factor`, `rope.scaling.attn_factor` and `rope.scaling.original_context_length` (longrope, or phi3:
+// long and short factor tensors).
 //
 // Weights stay as the file stores them (every type quant.hpp reads): a linear layer is a linear::Matrix viewing
 // the tensor's bytes, (n_out, n_in) row-major as GGUF stores it, so y = W x is a dot of each row with x; a step's
@@ -94,7 +95,9 @@ struct Hparams {
   float embd_scale = 1.0f;           // token embeddings are multiplied by it (gemma3: sqrt(n_embd))
   float logit_softcap = 0.0f;        // logits = c tanh(logits / c) where c > 0 (final_logit_softcapping)
   Activation act = Activation::silu;
-  int64_t n_swa = 0;                 // sliding window: a row sees its last n_swa keys; 0 for none
+  // Sliding window: a row sees its last n_swa keys; 0 for none. Read for llama and phi3 too, whose windows
+  // llama.cpp does not apply (it runs those architectures with full attention whatever the file says).
+  int64_t n_swa = 0;
   // Which layers attend within the window: those given by swa_layers ((n_layer), 1 for a windowed layer) when
   // the file lists them, else every layer but each swa_period-th (il % swa_period == swa_period - 1; 0: all).
   int64_t swa_period = 0;
