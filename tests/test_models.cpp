@@ -29,8 +29,9 @@ struct Extra {
   std::vector<int64_t> ne;
 };
 using KeyEdit = std::function<bool(gguf::Writer&, const gguf::KeyValue&)>;
-std::vector<uint8_t> rewrite(const gguf::File& f, const KeyEdit& edit_key,
-                             const std::function<bool(std::string&)>& edit_tensor, const std::vector<Extra>& extra = {}) {
+using TensorEdit = std::function<bool(std::string&)>;
+std::vector<uint8_t> rewrite(const gguf::File& f, const KeyEdit& edit_key, const TensorEdit& edit_tensor,
+                             const std::vector<Extra>& extra = {}) {
   gguf::Writer w;
   for (const gguf::KeyValue& kv : f.kvs())
     if (!edit_key || edit_key(w, kv)) w.set_value(kv.key, kv.value);
