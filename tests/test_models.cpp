@@ -13,6 +13,7 @@
 #include "model/kv_cache.hpp"
 #include "model/llama.hpp"
 #include "oracle/tiny_models.hpp"
+#include "tool_run.hpp"
 
 using namespace cascade;
 using gguf::TensorType;
@@ -320,4 +321,23 @@ TEST_CASE("models: a position past the sliding window is refused with the window
     CHECK_THROWS_WITH_AS(m.forward({3}, {12}, cache, {0}, logits),
                          doctest::Contains("position 12 is beyond the model's sliding window of 12 tokens"), Error);
   }
+}
+
+// cascade-generate's -c decides the RoPE factors of a model with long and short ones, as llama.cpp's -c does: the
+// original context of this file is 64, so -c 64 takes the short factors and -c 65 the long ones.
+TEST_CASE("models: cascade-generate -c picks long or short RoPE factors") {
+  const std::string tool = CASCADE_BINARY_DIR "/tools/cascade-generate";
+  std::vector<std::string> tokens;
+  for (int n_ctx : {64, 65, 65}) {
+    const tool_run::Run r = tool_run::run(tool, "-m " + tool_run::quote(kDir + "phi3-longrope-f32.gguf") +
+                                                    " -p 'abcdefgh ijk' -n 16 --temp 0 --ignore-eos --json -t 1 -c " +
+                                                    std::to_string(n_ctx));
+    CAPTURE(r.err);
+    REQUIRE(r.rc == 0);
+    const size_t at = r.out.find("\"tokens\":");
+    REQUIRE(at != std::string::npos);
+    tokens.push_back(r.out.substr(at, r.out.find(']', at) - at));
+  }
+  CHECK(tokens[0] != tokens[1]);
+  CHECK(tokens[1] == tokens[2]);
 }
