@@ -1,8 +1,10 @@
 // Bytes -> gguf::File -> what cascade-generate makes of a model file before it generates: the vocabulary
-// (load_vocab, Tokenizer), the weights (llama::Model::load: views of the file's own blocks) and the chat template.
+// (load_vocab, Tokenizer), the weights (llama::Model::load, any architecture it runs: views of the file's own
+// blocks, the keys of the architecture) and the chat template.
 // cascade::Error is a fine answer to a bad file; a crash, UB, an allocation past libFuzzer's limit or another
 // exception is not, and neither is a model that loads but is not the model its file describes:
-//   - every weight has the shape the hyperparameters promise (rows, columns, bytes of its blocks);
+//   - every weight has the shape the hyperparameters promise (rows, columns, bytes of its blocks; optional
+//     biases and norms absent or of their length), and the hyperparameters validate;
 //   - the tokenizer, when the file has one, has as many tokens as token_embd has rows;
 //   - small models only (kMaxWeights): every matrix multiplied on the linear path the CPU runs agrees with
 //     linear::reference within its bound (where the file's scales keep the numbers finite), and one forward
@@ -55,6 +57,11 @@ void check_vector(const std::vector<float>& v, int64_t n, const std::string& nam
   if (int64_t(v.size()) != n) fail(name + ": length differs from the hyperparameters");
 }
 
+// An optional vector (a bias, a norm some architectures have): absent, or of its length.
+void check_optional(const std::vector<float>& v, int64_t n, const std::string& name) {
+  if (!v.empty()) check_vector(v, n, name);
+}
+
 // Every weight has the shape Hparams promise; returns the number of weight values.
 int64_t check_shapes(const Model& m) {
   const Hparams& hp = m.hparams();
@@ -69,6 +76,10 @@ int64_t check_shapes(const Model& m) {
   check_linear(w.tok_embd, d, hp.n_vocab, "token_embd");
   check_vector(w.output_norm, d, "output_norm");
   if (!w.tied) check_linear(w.output, d, hp.n_vocab, "output");
+  check_optional(w.output_b, hp.n_vocab, "output.bias");
+  check_optional(w.rope_freqs, hp.n_rot / 2, "rope_freqs");
+  check_optional(w.rope_long, hp.n_rot / 2, "rope_factors_long");
+  check_optional(w.rope_short, hp.n_rot / 2, "rope_factors_short");
   if (int64_t(w.layers.size()) != hp.n_layer) fail("layer count differs from block_count");
   for (const llama::Layer& l : w.layers) {
     check_vector(l.attn_norm, d, "attn_norm");
@@ -80,6 +91,18 @@ int64_t check_shapes(const Model& m) {
     check_linear(l.ffn_gate, d, hp.n_ff, "ffn_gate");
     check_linear(l.ffn_up, d, hp.n_ff, "ffn_up");
     check_linear(l.ffn_down, hp.n_ff, d, "ffn_down");
+    check_optional(l.bq, dq, "attn_q.bias");
+    check_optional(l.bk, dkv, "attn_k.bias");
+    check_optional(l.bv, dkv, "attn_v.bias");
+    check_optional(l.attn_q_norm, hp.head_dim, "attn_q_norm");
+    check_optional(l.attn_k_norm, hp.head_dim, "attn_k_norm");
+    if (l.attn_q_norm.empty() != l.attn_k_norm.empty()) fail("one of attn_q_norm and attn_k_norm alone");
+    check_optional(l.bo, d, "attn_output.bias");
+    check_optional(l.attn_post_norm, d, "post_attention_norm");
+    check_optional(l.ffn_gate_b, hp.n_ff, "ffn_gate.bias");
+    check_optional(l.ffn_up_b, hp.n_ff, "ffn_up.bias");
+    check_optional(l.ffn_down_b, d, "ffn_down.bias");
+    check_optional(l.ffn_post_norm, d, "post_ffw_norm");
   }
   const int64_t per_layer = 2 * d + 2 * d * dq + 2 * d * dkv + 3 * d * hp.n_ff;
   return d * hp.n_vocab * (w.tied ? 1 : 2) + d + hp.n_layer * per_layer;
@@ -128,7 +151,8 @@ void check_products(const Model& m) {
   }
 }
 
-// Prefill of the first and the last token id at positions 0 and 1, logits for the last.
+// Prefill of the first and the last token id at positions 0 and 1, logits for the last (a model whose window is
+// shorter than that refuses the second with an Error).
 void run_forward(const Model& m) {
   const Hparams& hp = m.hparams();
   TreeCache cache(int(hp.n_layer), hp.head_shape(), DType::f32);

@@ -9,7 +9,10 @@
 //                                              and untied outputs, GQA and not, u32 and u64 counts, with a
 //                                              byte-level BPE or a SentencePiece vocabulary (ChatML / Llama 3
 //                                              template) of as many tokens as token_embd has rows, or none;
-//                                              subnormal and largest f16 scales and mins, subnormal f32 weights
+//                                              subnormal and largest f16 scales and mins, subnormal f32 weights;
+//                                              and every architecture's tiny model (llama, qwen2, qwen3, phi3,
+//                                              gemma3) with what each may carry (tests/oracle/tiny_models.hpp:
+//                                              the oracle files' options, made smaller)
 //                            OUT_DIR/request/*  requests in fuzz_request's format (a selector byte, then the body):
 //                                              completions and chats, whole and streamed, with every sampling
 //                                              field, token-id prompts, stop strings; the GET endpoints
@@ -28,6 +31,7 @@
 #include "model/quant.hpp"
 #include "model/tokenizer.hpp"
 #include "model_seed.hpp"
+#include "tests/oracle/tiny_models.hpp"
 #include "plan_input.hpp"
 
 namespace {
@@ -160,12 +164,11 @@ void model_seeds(const std::string& dir) {
   f32_bpe.vocab = 1;
   write_file(dir + "/f32_bpe.gguf", model_file(f32_bpe));
 
-  ModelSeed q8;  // Q8_0 matrices, untied, u64 counts, rope base and a partial rotation, SentencePiece with Llama 3
+  ModelSeed q8;  // Q8_0 matrices, untied, u64 counts, rope base, SentencePiece with Llama 3
   q8.n_embd = 32;
   q8.n_head = 4;
   q8.n_head_kv = 2;
   q8.n_ff = 32;
-  q8.n_rot = 4;
   q8.n_vocab = 10;
   q8.matrices = TensorType::Q8_0;
   q8.tied = false;
@@ -209,6 +212,22 @@ void model_seeds(const std::string& dir) {
   ModelSeed sub = f32_bpe;
   sub.f32_exp = -135;
   write_file(dir + "/f32_subnormal.gguf", model_file(sub));
+}
+
+// The oracle files' models (biases, fused matrices, RoPE factors and scaling, windows, Q/K norms, soft-caps) at a
+// size the fuzzer runs quickly: 16 wide, heads of 8, one layer (two for gemma3's local and global layers), f32 or
+// f16 weights; one file per set of options.
+void arch_seeds(const std::string& dir) {
+  for (oracle::TinySpec s : oracle::oracle_specs()) {
+    if (s.name == s.arch + "-" + s.type && s.type != "f32" && s.type != "f16") continue;  // the same options again
+    if (s.type != "f16") s.type = "f32";
+    s.n_embd = 16, s.n_head = 2, s.n_head_kv = 1, s.n_ff = 16, s.n_vocab = 12, s.n_ctx = 64;
+    s.n_layer = s.arch == "gemma3" ? 2 : 1;
+    if (s.head_dim > 0) s.head_dim = 8;
+    if (s.n_rot > 0) s.n_rot = 4;
+    if (s.n_swa > 0) s.n_swa = 3;
+    write_file(dir + "/" + s.name + ".gguf", oracle::write_tiny(s));
+  }
 }
 
 void gguf_seeds(const std::string& dir) {
@@ -352,6 +371,7 @@ int main(int argc, char** argv) {
     tokenizer_seeds(out + "/tokenizer", CASCADE_TESTDATA_DIR "/tokenizer");
     plan_seeds(out + "/plan");
     model_seeds(out + "/model");
+    arch_seeds(out + "/model");
     request_seeds(out + "/request");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fuzz_seeds: %s\n", e.what());

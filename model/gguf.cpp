@@ -824,6 +824,27 @@ Writer& Writer::set_array(std::string_view key, ValueType elem, const void* data
   return set_raw(key, ValueType::ARRAY, std::move(p));
 }
 
+Writer& Writer::set_value(std::string_view key, const Value& v) {
+  switch (v.type) {
+    case ValueType::U8: return set_u8(key, uint8_t(v.u));
+    case ValueType::I8: return set_i8(key, int8_t(v.i));
+    case ValueType::U16: return set_u16(key, uint16_t(v.u));
+    case ValueType::I16: return set_i16(key, int16_t(v.i));
+    case ValueType::U32: return set_u32(key, uint32_t(v.u));
+    case ValueType::I32: return set_i32(key, int32_t(v.i));
+    case ValueType::U64: return set_u64(key, v.u);
+    case ValueType::I64: return set_i64(key, v.i);
+    case ValueType::F32: return set_f32(key, float(v.f));
+    case ValueType::F64: return set_f64(key, v.f);
+    case ValueType::BOOL: return set_bool(key, v.u != 0);
+    case ValueType::STRING: return set_string(key, v.str);
+    case ValueType::ARRAY:
+      if (v.elem_type == ValueType::STRING) return set_string_array(key, std::span<const std::string_view>(v.strings));
+      return set_array(key, v.elem_type, v.elems, v.count);
+  }
+  detail::fail("gguf writer: key ", quoted(std::string(key)), " has an unknown value type ", uint32_t(v.type));
+}
+
 Writer& Writer::set_alignment(uint32_t alignment) { return set_u32("general.alignment", alignment); }
 
 Writer& Writer::add_tensor(std::string name, TensorType type, std::vector<int64_t> ne, const void* data) {

@@ -185,6 +185,8 @@ class Writer {
   Writer& set_int_array(std::string_view key, std::span<const int32_t> v);
   // An array of any fixed-size element type: count elements of value_type_size(elem) bytes each.
   Writer& set_array(std::string_view key, ValueType elem, const void* data, uint64_t count);
+  // A value read from a File, of any type, as it is there (copying a file's keys).
+  Writer& set_value(std::string_view key, const Value& v);
   // Also stores `general.alignment`; a power of two.
   Writer& set_alignment(uint32_t alignment);
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "cascade/error.hpp"
@@ -23,52 +24,133 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Counts are u32 in real files, u64 allowed by the spec; get_uint accepts both. A count must fit an int
-// comfortably: the limit keeps a hostile file from asking for absurd allocations.
-int64_t count_key(const gguf::File& f, const std::string& key, std::optional<int64_t> fallback = std::nullopt) {
-  const auto v = f.get_uint_opt(key);
-  if (!v) {
-    CASCADE_CHECK(fallback.has_value(), f.name(), ": missing key '", key, "'");
-    return *fallback;
-  }
-  CASCADE_CHECK(*v <= (uint64_t(1) << 30), f.name(), ": key '", key, "' = ", *v, " is out of range");
-  return int64_t(*v);
-}
-
 std::string shape_str(const std::vector<int64_t>& ne) {
   std::string s = "[";
   for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
   return s + "]";
 }
 
-const gguf::TensorInfo& find_checked(const gguf::File& f, const std::string& name, const std::vector<int64_t>& ne) {
-  const gguf::TensorInfo* t = f.find_tensor(name);
-  CASCADE_CHECK(t != nullptr, f.name(), ": missing tensor '", name, "'");
-  CASCADE_CHECK(t->ne == ne, f.name(), ": tensor '", name, "' has shape ", shape_str(t->ne), ", expected ",
-                shape_str(ne), " from the hyperparameters");
-  CASCADE_CHECK(gguf::can_dequantize(t->type), f.name(), ": tensor '", name, "' has type ",
-                gguf::type_name(t->type), ", which this runtime cannot read");
-  return *t;
-}
+// The tensors of a file, handed out by name and shape; remembers which were taken, so that what is left can be
+// refused (a tensor the runtime does not use would be a part of the model silently left out).
+class Tensors {
+ public:
+  // base: where the bytes of the file's first tensor are (the file itself, or a copy of its data section from
+  // there on); every matrix views base + its offset from that tensor.
+  Tensors(const gguf::File& f, const uint8_t* base) : f_(f), base_(base) {}
 
-// A 2-D tensor (ne = {n_in, n_out}) viewed where its bytes are: base + the tensor's offset in the file.
-Linear load_linear(const gguf::File& f, const uint8_t* base, const std::string& name, int64_t n_in, int64_t n_out) {
-  const gguf::TensorInfo& t = find_checked(f, name, {n_in, n_out});
-  try {
-    return linear::Matrix::view(t.type, base + (f.tensor_data(t) - f.tensor_data(f.tensors().front())), n_in, n_out);
-  } catch (const Error& e) {
-    detail::fail(f.name(), ": tensor '", name, "': ", e.what());
+  bool has(const std::string& name) const { return f_.find_tensor(name) != nullptr; }
+  const std::string& file_name() const { return f_.name(); }
+
+  // A 2-D tensor (ne = {n_in, n_out}) viewed where its bytes are.
+  Linear matrix(const std::string& name, int64_t n_in, int64_t n_out) {
+    return rows(name, n_in, n_out, 0, n_out);
   }
+  // Rows [first, first + n) of a 2-D tensor of n_out rows (a block of a fused matrix).
+  Linear rows(const std::string& name, int64_t n_in, int64_t n_out, int64_t first, int64_t n) {
+    const gguf::TensorInfo& t = take(name, {n_in, n_out});
+    try {
+      const uint8_t* at = base_ + (f_.tensor_data(t) - f_.tensor_data(f_.tensors().front()));
+      return linear::Matrix::view(t.type, at + uint64_t(first) * gguf::row_bytes(t.type, n_in), n_in, n);
+    } catch (const Error& e) {
+      detail::fail(f_.name(), ": tensor '", name, "': ", e.what());
+    }
+  }
+  std::vector<float> vector(const std::string& name, int64_t n) {
+    const gguf::TensorInfo& t = take(name, {n});
+    std::vector<float> v(static_cast<size_t>(n));
+    gguf::dequantize_row(t.type, f_.tensor_data(t), v.data(), n);
+    return v;
+  }
+  // Empty when the file has no such tensor.
+  std::vector<float> optional_vector(const std::string& name, int64_t n) {
+    return has(name) ? vector(name, n) : std::vector<float>();
+  }
+  // Every tensor of the file was taken.
+  void check_all_used() const {
+    for (const gguf::TensorInfo& t : f_.tensors())
+      CASCADE_CHECK(used_.count(t.name), f_.name(), ": tensor '", t.name, "' is not used by this runtime (",
+                    "architecture '", std::string(f_.architecture()), "')");
+  }
+
+ private:
+  const gguf::TensorInfo& take(const std::string& name, const std::vector<int64_t>& ne) {
+    const gguf::TensorInfo* t = f_.find_tensor(name);
+    CASCADE_CHECK(t != nullptr, f_.name(), ": missing tensor '", name, "'");
+    CASCADE_CHECK(t->ne == ne, f_.name(), ": tensor '", name, "' has shape ", shape_str(t->ne), ", expected ",
+                  shape_str(ne), " from the hyperparameters");
+    CASCADE_CHECK(gguf::can_dequantize(t->type), f_.name(), ": tensor '", name, "' has type ",
+                  gguf::type_name(t->type), ", which this runtime cannot read");
+    used_.insert(name);
+    return *t;
+  }
+
+  const gguf::File& f_;
+  const uint8_t* base_;
+  std::set<std::string> used_;
+};
+
+// Q, K and V: three matrices with optional biases, or one fused matrix (attn_qkv) of their rows in that order,
+// with one fused bias or the three separate ones (llama.cpp's create_tensor_qkv).
+void load_qkv(Tensors& ts, const std::string& p, const Hparams& hp, Layer& l) {
+  const int64_t d = hp.n_embd, dq = hp.n_head * hp.head_dim, dkv = hp.n_head_kv * hp.head_dim;
+  if (ts.has(p + "attn_qkv.weight")) {
+    const std::string name = p + "attn_qkv.weight";
+    l.wq = ts.rows(name, d, dq + 2 * dkv, 0, dq);
+    l.wk = ts.rows(name, d, dq + 2 * dkv, dq, dkv);
+    l.wv = ts.rows(name, d, dq + 2 * dkv, dq + dkv, dkv);
+    if (ts.has(p + "attn_qkv.bias")) {
+      const std::vector<float> b = ts.vector(p + "attn_qkv.bias", dq + 2 * dkv);
+      l.bq.assign(b.begin(), b.begin() + dq);
+      l.bk.assign(b.begin() + dq, b.begin() + dq + dkv);
+      l.bv.assign(b.begin() + dq + dkv, b.end());
+      return;
+    }
+  } else {
+    CASCADE_CHECK(ts.has(p + "attn_q.weight"), ts.file_name(), ": missing tensor '", p,
+                  "attn_q.weight' (and no fused '", p, "attn_qkv.weight')");
+    l.wq = ts.matrix(p + "attn_q.weight", d, dq);
+    l.wk = ts.matrix(p + "attn_k.weight", d, dkv);
+    l.wv = ts.matrix(p + "attn_v.weight", d, dkv);
+  }
+  l.bq = ts.optional_vector(p + "attn_q.bias", dq);
+  l.bk = ts.optional_vector(p + "attn_k.bias", dkv);
+  l.bv = ts.optional_vector(p + "attn_v.bias", dkv);
 }
 
-std::vector<float> load_vector(const gguf::File& f, const std::string& name, int64_t n) {
-  const gguf::TensorInfo& t = find_checked(f, name, {n});
-  std::vector<float> v(static_cast<size_t>(n));
-  gguf::dequantize_row(t.type, f.tensor_data(t), v.data(), n);
-  return v;
+// One block's tensors, as llama.cpp's load_arch_tensors names them for the architecture.
+Layer load_layer(Tensors& ts, const Hparams& hp, int64_t il) {
+  const std::string p = "blk." + std::to_string(il) + ".";
+  const int64_t d = hp.n_embd, dq = hp.n_head * hp.head_dim;
+  const Arch a = hp.arch;
+  Layer l;
+  l.attn_norm = ts.vector(p + "attn_norm.weight", d);
+  load_qkv(ts, p, hp, l);
+  if (a == Arch::qwen3 || a == Arch::gemma3) {
+    l.attn_q_norm = ts.vector(p + "attn_q_norm.weight", hp.head_dim);
+    l.attn_k_norm = ts.vector(p + "attn_k_norm.weight", hp.head_dim);
+  }
+  l.wo = ts.matrix(p + "attn_output.weight", dq, d);
+  if (a == Arch::llama) l.bo = ts.optional_vector(p + "attn_output.bias", d);
+  if (a == Arch::gemma3) l.attn_post_norm = ts.vector(p + "post_attention_norm.weight", d);
+  l.ffn_norm = ts.vector(p + "ffn_norm.weight", d);
+  if (a == Arch::phi3) {  // gate and up fused in ffn_up, gate first
+    l.ffn_gate = ts.rows(p + "ffn_up.weight", d, 2 * hp.n_ff, 0, hp.n_ff);
+    l.ffn_up = ts.rows(p + "ffn_up.weight", d, 2 * hp.n_ff, hp.n_ff, hp.n_ff);
+  } else {
+    l.ffn_gate = ts.matrix(p + "ffn_gate.weight", d, hp.n_ff);
+    l.ffn_up = ts.matrix(p + "ffn_up.weight", d, hp.n_ff);
+  }
+  l.ffn_down = ts.matrix(p + "ffn_down.weight", hp.n_ff, d);
+  if (a == Arch::llama) {
+    l.ffn_gate_b = ts.optional_vector(p + "ffn_gate.bias", hp.n_ff);
+    l.ffn_up_b = ts.optional_vector(p + "ffn_up.bias", hp.n_ff);
+    l.ffn_down_b = ts.optional_vector(p + "ffn_down.bias", d);
+  }
+  if (a == Arch::gemma3) l.ffn_post_norm = ts.vector(p + "post_ffw_norm.weight", d);
+  return l;
 }
 
-// y = x / sqrt(mean(x^2) + eps) * w, for each of n rows of d values.
+// y = x / sqrt(mean(x^2) + eps) * w, for each of n rows of d values. y may be x.
 void rms_norm(const float* x, const float* w, int64_t n, int64_t d, float eps, float* y) {
   for (int64_t r = 0; r < n; ++r) {
     const float* xr = x + r * d;
@@ -80,104 +162,152 @@ void rms_norm(const float* x, const float* w, int64_t n, int64_t d, float eps, f
   }
 }
 
-// cos and sin of pos[r] * inv_freq[i], (n, n_rot / 2) each: computed once per forward pass, used by every layer.
-void rope_table(const std::vector<int32_t>& pos, const std::vector<float>& inv_freq, std::vector<float>& c,
-                std::vector<float>& s) {
-  const size_t half_rot = inv_freq.size();
-  c.resize(pos.size() * half_rot);
-  s.resize(pos.size() * half_rot);
-  for (size_t r = 0; r < pos.size(); ++r)
-    for (size_t i = 0; i < half_rot; ++i) {
-      const double a = double(pos[r]) * double(inv_freq[i]);
-      c[r * half_rot + i] = float(std::cos(a));
-      s[r * half_rot + i] = float(std::sin(a));
-    }
+// y[r] += b for each of n rows of b.size() values; nothing when b is empty (an absent bias).
+void add_bias(float* y, const std::vector<float>& b, int64_t n) {
+  const int64_t d = int64_t(b.size());
+  for (int64_t r = 0; r < n && d > 0; ++r)
+    for (int64_t i = 0; i < d; ++i) y[r * d + i] += b[size_t(i)];
 }
 
-// Rotates consecutive pairs (x[2i], x[2i+1]) of the first n_rot values of every head by pos * inv_freq[i]
-// ("normal" RoPE, what GGUF llama files expect; not the neox halves).
-void rope(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t n_rot, const std::vector<float>& c,
-          const std::vector<float>& s) {
-  const int64_t half_rot = n_rot / 2;
+// cos and sin of pos[r] * freq[i] times mscale, (n, n_rot / 2) each: made once per forward pass for each table
+// a layer uses.
+struct RopeAngles {
+  std::vector<float> c, s;
+  RopeAngles(const std::vector<int32_t>& pos, const RopeTable& t) {
+    const size_t half = t.freq.size();
+    c.resize(pos.size() * half);
+    s.resize(pos.size() * half);
+    for (size_t r = 0; r < pos.size(); ++r)
+      for (size_t i = 0; i < half; ++i) {
+        const double a = double(pos[r]) * double(t.freq[i]);
+        c[r * half + i] = float(std::cos(a)) * t.mscale;
+        s[r * half + i] = float(std::sin(a)) * t.mscale;
+      }
+  }
+};
+
+// Rotates the first n_rot values of every head: pairs (x[2i], x[2i+1]) ("normal" RoPE, what GGUF llama files
+// expect), or (x[i], x[i + n_rot/2]) when neox (qwen2, qwen3, phi3, gemma3), pair i by the angle of row r.
+void rope(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t n_rot, bool neox, const RopeAngles& a) {
+  const int64_t half = n_rot / 2, step = neox ? 1 : 2, other = neox ? half : 1;
   for (int64_t r = 0; r < n; ++r) {
-    const float* cr = c.data() + r * half_rot;
-    const float* sr = s.data() + r * half_rot;
+    const float* cr = a.c.data() + r * half;
+    const float* sr = a.s.data() + r * half;
     for (int64_t h = 0; h < n_heads; ++h) {
       float* v = x + (r * n_heads + h) * head_dim;
-      for (int64_t i = 0; i < half_rot; ++i) {
-        const float x0 = v[2 * i], x1 = v[2 * i + 1];
-        v[2 * i] = x0 * cr[i] - x1 * sr[i];
-        v[2 * i + 1] = x0 * sr[i] + x1 * cr[i];
+      for (int64_t i = 0; i < half; ++i) {
+        float& x0 = v[i * step];
+        float& x1 = v[i * step + other];
+        const float a0 = x0, a1 = x1;
+        x0 = a0 * cr[i] - a1 * sr[i];
+        x1 = a0 * sr[i] + a1 * cr[i];
       }
     }
   }
 }
 
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the form llama.cpp's GELU computes.
+float gelu(float x) {
+  const float k = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(k * x * (1.0f + 0.044715f * x * x)));
+}
+
+// The linear layers of a forward pass on the model's path: Y = X W^T; several matrices against one input (q, k
+// and v; gate and up) split across the threads together. An Input is quantized once for all the matrices it meets.
+struct Products {
+  LinearPath path;
+  void operator()(const Linear& w, const linear::Input& in, float* y) const {
+    if (path == LinearPath::f32) linear::matmul_f32(w, in.data(), in.n(), y);
+    else linear::matmul(w, in, y);
+  }
+  void operator()(std::initializer_list<linear::Product> products, const linear::Input& in) const {
+    if (path == LinearPath::f32)
+      for (const linear::Product& p : products) linear::matmul_f32(*p.w, in.data(), in.n(), p.y);
+    else linear::matmul_group(products, in);
+  }
+};
+
+// A step's activations: (n, width) each.
+struct Activations {
+  std::vector<float> x, h, q, k, v, att, g, u, tmp;
+  Activations(const Hparams& hp, int64_t n) {
+    const int64_t d = hp.n_embd, dq = hp.n_head * hp.head_dim, dkv = hp.n_head_kv * hp.head_dim;
+    for (auto* b : {&x, &h, &tmp}) b->resize(size_t(n * d));
+    for (auto* b : {&q, &att}) b->resize(size_t(n * dq));
+    for (auto* b : {&k, &v}) b->resize(size_t(n * dkv));
+    for (auto* b : {&g, &u}) b->resize(size_t(n * hp.n_ff));
+  }
+};
+
+// x += the attention block of layer il on x's n rows; returns the seconds spent in the cache's attention.
+double attention_block(const Hparams& hp, const Layer& l, const Products& mul, const RopeAngles& angles,
+                       KvCache& cache, int il, int64_t n, Activations& a) {
+  const int64_t d = hp.n_embd, dq = hp.n_head * hp.head_dim;
+  rms_norm(a.x.data(), l.attn_norm.data(), n, d, hp.rms_eps, a.h.data());
+  {
+    const linear::Input hin(a.h.data(), n, d);
+    mul({{&l.wq, a.q.data()}, {&l.wk, a.k.data()}, {&l.wv, a.v.data()}}, hin);
+  }
+  add_bias(a.q.data(), l.bq, n);
+  add_bias(a.k.data(), l.bk, n);
+  add_bias(a.v.data(), l.bv, n);
+  if (!l.attn_q_norm.empty()) {
+    rms_norm(a.q.data(), l.attn_q_norm.data(), n * hp.n_head, hp.head_dim, hp.rms_eps, a.q.data());
+    rms_norm(a.k.data(), l.attn_k_norm.data(), n * hp.n_head_kv, hp.head_dim, hp.rms_eps, a.k.data());
+  }
+  rope(a.q.data(), n, hp.n_head, hp.head_dim, hp.n_rot, hp.rope_neox, angles);
+  rope(a.k.data(), n, hp.n_head_kv, hp.head_dim, hp.n_rot, hp.rope_neox, angles);
+  // The cache's softmax scale is 1/sqrt(head_dim); another scale is carried by q.
+  const float q_scale = hp.attn_scale > 0 ? hp.attn_scale * std::sqrt(float(hp.head_dim)) : 1.0f;
+  if (std::fabs(q_scale - 1.0f) > 1e-6f)
+    for (float& e : a.q) e *= q_scale;
+  cache.store(il, a.k.data(), a.v.data());
+  const auto t0 = Clock::now();  // attention alone: storing K/V is not part of it
+  cache.attend(il, a.q.data(), a.att.data());
+  const double t_attn = seconds_since(t0);
+  mul(l.wo, linear::Input(a.att.data(), n, dq), a.tmp.data());
+  add_bias(a.tmp.data(), l.bo, n);
+  if (!l.attn_post_norm.empty()) rms_norm(a.tmp.data(), l.attn_post_norm.data(), n, d, hp.rms_eps, a.tmp.data());
+  for (int64_t i = 0; i < n * d; ++i) a.x[size_t(i)] += a.tmp[size_t(i)];
+  return t_attn;
+}
+
+// x += the feed-forward block of a layer on x's n rows.
+void ffn_block(const Hparams& hp, const Layer& l, const Products& mul, int64_t n, Activations& a) {
+  const int64_t d = hp.n_embd, n_ff = hp.n_ff;
+  rms_norm(a.x.data(), l.ffn_norm.data(), n, d, hp.rms_eps, a.h.data());
+  {
+    const linear::Input hin(a.h.data(), n, d);
+    mul({{&l.ffn_gate, a.g.data()}, {&l.ffn_up, a.u.data()}}, hin);
+  }
+  add_bias(a.g.data(), l.ffn_gate_b, n);
+  add_bias(a.u.data(), l.ffn_up_b, n);
+  float* g = a.g.data();
+  const float* u = a.u.data();
+  if (hp.act == Activation::gelu)
+    for (int64_t i = 0; i < n * n_ff; ++i) g[i] = gelu(g[i]) * u[i];
+  else
+    for (int64_t i = 0; i < n * n_ff; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  mul(l.ffn_down, linear::Input(a.g.data(), n, n_ff), a.tmp.data());
+  add_bias(a.tmp.data(), l.ffn_down_b, n);
+  if (!l.ffn_post_norm.empty()) rms_norm(a.tmp.data(), l.ffn_post_norm.data(), n, d, hp.rms_eps, a.tmp.data());
+  for (int64_t i = 0; i < n * d; ++i) a.x[size_t(i)] += a.tmp[size_t(i)];
+}
+
 }  // namespace
 
-Hparams Hparams::from_gguf(const gguf::File& f) {
-  const std::string arch(f.architecture());
-  CASCADE_CHECK(arch == "llama", f.name(), ": unsupported architecture '", arch, "' (this runtime runs 'llama')");
-  Hparams hp;
-  hp.n_ctx_train = count_key(f, "llama.context_length");
-  hp.n_embd = count_key(f, "llama.embedding_length");
-  hp.n_layer = count_key(f, "llama.block_count");
-  hp.n_ff = count_key(f, "llama.feed_forward_length");
-  hp.n_head = count_key(f, "llama.attention.head_count");
-  hp.n_head_kv = count_key(f, "llama.attention.head_count_kv", hp.n_head);
-  CASCADE_CHECK(hp.n_head > 0 && hp.n_embd % hp.n_head == 0, f.name(), ": embedding_length (", hp.n_embd,
-                ") is not a positive multiple of head_count (", hp.n_head, ")");
-  hp.head_dim = hp.n_embd / hp.n_head;
-  hp.n_rot = count_key(f, "llama.rope.dimension_count", hp.head_dim);
-  hp.rope_base = f.get_float_opt("llama.rope.freq_base").value_or(10000.0f);
-  const auto eps = f.get_float_opt("llama.attention.layer_norm_rms_epsilon");
-  CASCADE_CHECK(eps.has_value(), f.name(), ": missing key 'llama.attention.layer_norm_rms_epsilon'");
-  hp.rms_eps = *eps;
-  const gguf::TensorInfo* embd = f.find_tensor("token_embd.weight");
-  CASCADE_CHECK(embd != nullptr, f.name(), ": missing tensor 'token_embd.weight'");
-  CASCADE_CHECK(embd->ne.size() == 2, f.name(), ": tensor 'token_embd.weight' has shape ", shape_str(embd->ne),
-                ", expected [n_embd, n_vocab]");
-  hp.n_vocab = embd->ne[1];
-  // Token ids index token_embd's rows: a vocabulary (or vocab_size) of another length would let the tokenizer
-  // make ids the model has no row for, or the model sample ids the tokenizer has no text for.
-  const gguf::Value* tokens = f.find("tokenizer.ggml.tokens");
-  if (tokens != nullptr && tokens->is_array())
-    CASCADE_CHECK(int64_t(tokens->count) == hp.n_vocab, f.name(), ": the vocabulary has ", tokens->count,
-                  " tokens but token_embd.weight has ", hp.n_vocab, " rows");
-  if (const auto n = f.get_uint_opt("llama.vocab_size"))
-    CASCADE_CHECK(*n == uint64_t(hp.n_vocab), f.name(), ": llama.vocab_size is ", *n, " but token_embd.weight has ",
-                  hp.n_vocab, " rows");
-  try {
-    hp.validate();
-  } catch (const Error& e) {
-    detail::fail(f.name(), ": ", e.what());
-  }
-  return hp;
-}
-
-void Hparams::validate() const {
-  CASCADE_CHECK(n_vocab <= INT32_MAX, "n_vocab ", n_vocab, " does not fit a token id (int32)");
-  CASCADE_CHECK(n_vocab > 0 && n_embd > 0 && n_layer > 0 && n_ff > 0 && n_head > 0 && n_head_kv > 0,
-                "hyperparameters must be positive (n_vocab ", n_vocab, ", n_embd ", n_embd, ", n_layer ", n_layer,
-                ", n_ff ", n_ff, ", n_head ", n_head, ", n_head_kv ", n_head_kv, ")");
-  CASCADE_CHECK(n_ctx_train > 0, "context_length must be positive (it is the default context)");
-  CASCADE_CHECK(n_embd % n_head == 0, "embedding_length ", n_embd, " is not a multiple of head_count ", n_head);
-  CASCADE_CHECK(head_dim == n_embd / n_head, "head_dim ", head_dim, " != n_embd / n_head");
-  CASCADE_CHECK(n_head % n_head_kv == 0, "head_count (", n_head, ") is not a multiple of head_count_kv (",
-                n_head_kv, ")");
-  CASCADE_CHECK(n_rot > 0 && n_rot <= head_dim && n_rot % 2 == 0, "rope.dimension_count ", n_rot,
-                " must be even and in [2, head_dim = ", head_dim, "]");
-  CASCADE_CHECK(std::isfinite(rope_base) && rope_base > 0, "rope.freq_base ", rope_base, " must be positive");
-  CASCADE_CHECK(std::isfinite(rms_eps) && rms_eps >= 0, "layer_norm_rms_epsilon ", rms_eps,
-                " must be non-negative");
-}
-
 size_t Model::weight_bytes() const {
-  size_t n = w_.tok_embd.bytes() + (w_.tied ? 0 : w_.output.bytes()) + w_.output_norm.size() * sizeof(float);
-  for (const Layer& l : w_.layers)
+  size_t n = w_.tok_embd.bytes() + (w_.tied ? 0 : w_.output.bytes());
+  size_t n_floats = w_.output_norm.size() + w_.output_b.size() + w_.rope_freqs.size() + w_.rope_long.size() +
+                    w_.rope_short.size();
+  for (const Layer& l : w_.layers) {
     n += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.ffn_gate.bytes() + l.ffn_up.bytes() +
-         l.ffn_down.bytes() + (l.attn_norm.size() + l.ffn_norm.size()) * sizeof(float);
-  return n;
+         l.ffn_down.bytes();
+    for (const auto* v : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.attn_q_norm, &l.attn_k_norm, &l.bo,
+                          &l.attn_post_norm, &l.ffn_norm, &l.ffn_gate_b, &l.ffn_up_b, &l.ffn_down_b, &l.ffn_post_norm})
+      n_floats += v->size();
+  }
+  return n + n_floats * sizeof(float);
 }
 
 uint64_t Model::bytes_needed(const gguf::File& f) {
@@ -193,31 +323,36 @@ Model Model::load_from(const gguf::File& f, const uint8_t* base, LinearPath path
   m.path_ = path;
   m.hp_ = Hparams::from_gguf(f);
   const Hparams& hp = m.hp_;
-  const int64_t d = hp.n_embd, dq = hp.n_head * hp.head_dim, dkv = hp.n_head_kv * hp.head_dim;
+  Tensors ts(f, base);
   Weights& w = m.w_;
-  w.tok_embd = load_linear(f, base, "token_embd.weight", d, hp.n_vocab);
-  w.output_norm = load_vector(f, "output_norm.weight", d);
-  w.tied = f.find_tensor("output.weight") == nullptr;
-  if (!w.tied) w.output = load_linear(f, base, "output.weight", d, hp.n_vocab);
+  w.tok_embd = ts.matrix("token_embd.weight", hp.n_embd, hp.n_vocab);
+  w.output_norm = ts.vector("output_norm.weight", hp.n_embd);
+  w.tied = !ts.has("output.weight");
+  if (!w.tied) w.output = ts.matrix("output.weight", hp.n_embd, hp.n_vocab);
+  if (hp.arch == Arch::qwen2) w.output_b = ts.optional_vector("output.bias", hp.n_vocab);
+  // llama.cpp's llama reads rope_freqs, or the long and short factors under longrope scaling; phi3 the latter.
+  const bool longrope = hp.rope_scaling.type == RopeScaling::Type::longrope;
+  if (hp.arch == Arch::llama && !longrope) w.rope_freqs = ts.optional_vector("rope_freqs.weight", hp.n_rot / 2);
+  if (hp.arch == Arch::phi3 || longrope) {
+    w.rope_long = ts.optional_vector("rope_factors_long.weight", hp.n_rot / 2);
+    w.rope_short = ts.optional_vector("rope_factors_short.weight", hp.n_rot / 2);
+  }
   // Layer by layer, so a block_count larger than the file's tensors fails at the first missing tensor
   // instead of allocating every layer up front.
-  for (int64_t il = 0; il < hp.n_layer; ++il) {
-    const std::string p = "blk." + std::to_string(il) + ".";
-    Layer& l = w.layers.emplace_back();
-    l.attn_norm = load_vector(f, p + "attn_norm.weight", d);
-    l.wq = load_linear(f, base, p + "attn_q.weight", d, dq);
-    l.wk = load_linear(f, base, p + "attn_k.weight", d, dkv);
-    l.wv = load_linear(f, base, p + "attn_v.weight", d, dkv);
-    l.wo = load_linear(f, base, p + "attn_output.weight", dq, d);
-    l.ffn_norm = load_vector(f, p + "ffn_norm.weight", d);
-    l.ffn_gate = load_linear(f, base, p + "ffn_gate.weight", d, hp.n_ff);
-    l.ffn_up = load_linear(f, base, p + "ffn_up.weight", d, hp.n_ff);
-    l.ffn_down = load_linear(f, base, p + "ffn_down.weight", hp.n_ff, d);
-  }
-  m.inv_freq_.resize(size_t(hp.n_rot / 2));
-  for (int64_t i = 0; i < hp.n_rot / 2; ++i)
-    m.inv_freq_[i] = float(std::pow(double(hp.rope_base), -2.0 * double(i) / double(hp.n_rot)));
+  for (int64_t il = 0; il < hp.n_layer; ++il) w.layers.push_back(load_layer(ts, hp, il));
+  ts.check_all_used();
+  m.set_context_length(hp.n_ctx_train);
   return m;
+}
+
+void Model::set_context_length(int64_t n_ctx) {
+  CASCADE_CHECK(n_ctx > 0, "set_context_length: a context of ", n_ctx, " tokens");
+  n_ctx_ = n_ctx;
+  const std::vector<float>& factors = !w_.rope_freqs.empty()                ? w_.rope_freqs
+                                      : n_ctx > hp_.rope_scaling.n_ctx_orig ? w_.rope_long
+                                                                            : w_.rope_short;
+  rope_ = RopeTable::make(hp_, hp_.rope_base, hp_.rope_scaling.freq_scale, factors);
+  rope_swa_ = RopeTable::make(hp_, hp_.rope_base_swa, 1.0f, factors);
 }
 
 // The bytes from the first tensor's to the end of the file (tensors are laid out after it, in any order).
@@ -260,8 +395,7 @@ void Model::forward(const std::vector<int32_t>& tokens, const std::vector<int32_
                     const std::vector<int64_t>& logit_rows, std::vector<float>& logits, Timings* timings) const {
   const auto t_start = Clock::now();
   const Hparams& hp = hp_;
-  const int64_t n = int64_t(tokens.size());
-  const int64_t d = hp.n_embd, dq = hp.n_head * hp.head_dim, dkv = hp.n_head_kv * hp.head_dim;
+  const int64_t n = int64_t(tokens.size()), d = hp.n_embd;
   CASCADE_CHECK(int64_t(pos.size()) == n, "forward: ", n, " tokens but ", pos.size(), " positions");
   CASCADE_CHECK(cache.step_rows() == n, "forward: the cache's step has ", cache.step_rows(), " rows, the batch ", n);
   CASCADE_CHECK(cache.n_layer() == hp.n_layer && cache.shape().n_q_heads == hp.n_head &&
@@ -269,50 +403,33 @@ void Model::forward(const std::vector<int32_t>& tokens, const std::vector<int32_
                 "forward: the cache's shape does not match the model");
   for (int32_t t : tokens)
     CASCADE_CHECK(t >= 0 && t < hp.n_vocab, "forward: token id ", t, " outside the vocabulary [0, ", hp.n_vocab, ")");
+  // Until the attention takes a window, a row that would see more keys than its layer's window is refused: the
+  // attention would read keys the model does not.
+  bool windowed = false;
+  for (int64_t il = 0; il < hp.n_layer; ++il) windowed |= hp.is_swa(il);
+  if (windowed)
+    for (int32_t p : pos)
+      CASCADE_CHECK(p < hp.n_swa, "forward: position ", p, " is beyond the model's sliding window of ", hp.n_swa,
+                    " tokens, and sliding-window attention is not implemented yet: keep sequences within ",
+                    hp.n_swa, " tokens");
 
-  std::vector<float> x(size_t(n * d)), h(size_t(n * d)), q(size_t(n * dq)), k(size_t(n * dkv)), v(size_t(n * dkv)),
-      att(size_t(n * dq)), g(size_t(n * hp.n_ff)), u(size_t(n * hp.n_ff)), tmp(size_t(n * d));
-  for (int64_t r = 0; r < n; ++r)
-    w_.tok_embd.row(tokens[r], x.data() + r * d);
-
-  std::vector<float> rope_cos, rope_sin;
-  rope_table(pos, inv_freq_, rope_cos, rope_sin);
-  // Y = X W^T for the model's linear path; an Input is quantized once for all the matrices it meets.
-  const auto mul = [&](const Linear& W, const linear::Input& in, float* y) {
-    if (path_ == LinearPath::f32) linear::matmul_f32(W, in.data(), in.n(), y);
-    else linear::matmul(W, in, y);
-  };
-  // Several matrices against one input (q, k, v; gate, up): one split across the threads for all of them.
-  const auto mul_group = [&](std::initializer_list<linear::Product> products, const linear::Input& in) {
-    if (path_ == LinearPath::f32)
-      for (const linear::Product& p : products) linear::matmul_f32(*p.w, in.data(), in.n(), p.y);
-    else linear::matmul_group(products, in);
-  };
+  Activations a(hp, n);
+  for (int64_t r = 0; r < n; ++r) {
+    float* xr = a.x.data() + r * d;
+    w_.tok_embd.row(tokens[size_t(r)], xr);
+    if (hp.embd_scale != 1.0f)
+      for (int64_t i = 0; i < d; ++i) xr[i] *= hp.embd_scale;
+  }
+  const RopeAngles angles(pos, rope_);
+  std::optional<RopeAngles> angles_swa;
+  const Products mul{path_};
   double t_attn = 0;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
-    const Layer& l = w_.layers[il];
-    rms_norm(x.data(), l.attn_norm.data(), n, d, hp.rms_eps, h.data());
-    {
-      const linear::Input hin(h.data(), n, d);
-      mul_group({{&l.wq, q.data()}, {&l.wk, k.data()}, {&l.wv, v.data()}}, hin);
-    }
-    rope(q.data(), n, hp.n_head, hp.head_dim, hp.n_rot, rope_cos, rope_sin);
-    rope(k.data(), n, hp.n_head_kv, hp.head_dim, hp.n_rot, rope_cos, rope_sin);
-    cache.store(int(il), k.data(), v.data());
-    const auto t0 = Clock::now();  // attention alone: storing K/V is not part of it
-    cache.attend(int(il), q.data(), att.data());
-    t_attn += seconds_since(t0);
-    mul(l.wo, linear::Input(att.data(), n, dq), tmp.data());
-    for (int64_t i = 0; i < n * d; ++i) x[i] += tmp[i];
-
-    rms_norm(x.data(), l.ffn_norm.data(), n, d, hp.rms_eps, h.data());
-    {
-      const linear::Input hin(h.data(), n, d);
-      mul_group({{&l.ffn_gate, g.data()}, {&l.ffn_up, u.data()}}, hin);
-    }
-    for (int64_t i = 0; i < n * hp.n_ff; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-    mul(l.ffn_down, linear::Input(g.data(), n, hp.n_ff), tmp.data());
-    for (int64_t i = 0; i < n * d; ++i) x[i] += tmp[i];
+    const bool own_rope = hp.swa_rope && hp.is_swa(il);
+    if (own_rope && !angles_swa) angles_swa.emplace(pos, rope_swa_);
+    const Layer& l = w_.layers[size_t(il)];
+    t_attn += attention_block(hp, l, mul, own_rope ? *angles_swa : angles, cache, int(il), n, a);
+    ffn_block(hp, l, mul, n, a);
   }
 
   const int64_t n_out = int64_t(logit_rows.size());
@@ -320,10 +437,13 @@ void Model::forward(const std::vector<int32_t>& tokens, const std::vector<int32_
   for (int64_t j = 0; j < n_out; ++j) {
     CASCADE_CHECK(logit_rows[j] >= 0 && logit_rows[j] < n, "forward: logits asked for row ", logit_rows[j],
                   " of ", n);
-    rms_norm(x.data() + logit_rows[j] * d, w_.output_norm.data(), 1, d, hp.rms_eps, sel.data() + j * d);
+    rms_norm(a.x.data() + logit_rows[j] * d, w_.output_norm.data(), 1, d, hp.rms_eps, sel.data() + j * d);
   }
   logits.resize(size_t(n_out * hp.n_vocab));
   mul(w_.lm_head(), linear::Input(sel.data(), n_out, d), logits.data());
+  add_bias(logits.data(), w_.output_b, n_out);
+  if (hp.logit_softcap > 0)
+    for (float& z : logits) z = hp.logit_softcap * std::tanh(z / hp.logit_softcap);
   if (timings) {
     timings->attention += t_attn;
     timings->total += seconds_since(t_start);

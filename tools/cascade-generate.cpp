@@ -594,10 +594,11 @@ int run(int argc, char** argv) {
   const cascade::Tokenizer tok(cascade::load_vocab(*file));
   const uint64_t avail = available_memory();
   check_weights_fit(*file, avail);
-  const cascade::llama::Model model = cascade::llama::Model::load(file);
+  cascade::llama::Model model = cascade::llama::Model::load(file);
   const ModelFacts facts{cascade::linear::path_name(cascade::linear::active_path()), model.weight_bytes(),
                          file->size(), resident_bytes("VmRSS:")};
   const int64_t n_ctx = o.gen.n_ctx > 0 ? o.gen.n_ctx : model.hparams().n_ctx_train;
+  model.set_context_length(n_ctx);  // long or short RoPE factors, as llama.cpp picks them for -c
   const std::vector<std::vector<int32_t>> prompts = tokenize_prompts(o, tok, texts, n_ctx);
   check_cache_fits(o, model.hparams(), prompts, n_ctx, avail);
   std::optional<cascade::CostModel> profile_file = read_cost_model_file(o);
