@@ -403,15 +403,13 @@ void Model::forward(const std::vector<int32_t>& tokens, const std::vector<int32_
                 "forward: the cache's shape does not match the model");
   for (int32_t t : tokens)
     CASCADE_CHECK(t >= 0 && t < hp.n_vocab, "forward: token id ", t, " outside the vocabulary [0, ", hp.n_vocab, ")");
-  // Until the attention takes a window, a row that would see more keys than its layer's window is refused: the
-  // attention would read keys the model does not.
-  bool windowed = false;
-  for (int64_t il = 0; il < hp.n_layer; ++il) windowed |= hp.is_swa(il);
-  if (windowed)
-    for (int32_t p : pos)
-      CASCADE_CHECK(p < hp.n_swa, "forward: position ", p, " is beyond the model's sliding window of ", hp.n_swa,
-                    " tokens, and sliding-window attention is not implemented yet: keep sequences within ",
-                    hp.n_swa, " tokens");
+  // Sliding-window layers see their last n_swa keys: the cache plans each window once per step.
+  std::vector<int64_t> windows;
+  for (int64_t il = 0; il < hp.n_layer && hp.n_swa > 0; ++il) {
+    windows.resize(size_t(hp.n_layer), 0);
+    if (hp.is_swa(il)) windows[size_t(il)] = hp.n_swa;
+  }
+  cache.set_layer_windows(windows);
 
   Activations a(hp, n);
   for (int64_t r = 0; r < n; ++r) {
