@@ -28,21 +28,9 @@ template <class T> inline constexpr DType dtype_of_v = dtype_of<T>::value;
 
 inline constexpr int64_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
 
-inline const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::f32: return "f32";
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
-  }
-  return "?";
-}
-
-inline DType parse_dtype(std::string_view s) {
-  if (s == "f32") return DType::f32;
-  if (s == "f16") return DType::f16;
-  if (s == "bf16") return DType::bf16;
-  detail::fail("unknown K/V dtype '", s, "' (expected f32, f16 or bf16)");
-}
+inline constexpr detail::Named<DType> kDTypeNames[] = {{DType::f32, "f32"}, {DType::f16, "f16"}, {DType::bf16, "bf16"}};
+inline const char* dtype_name(DType t) { return detail::name_of(t, kDTypeNames); }
+inline DType parse_dtype(std::string_view s) { return detail::parse_named(s, kDTypeNames, "K/V dtype"); }
 
 inline float to_float(float x) { return x; }
 inline float to_float(f16 x) { return static_cast<float>(x); }

@@ -185,21 +185,10 @@ inline bool amx_usable() {
 // (F, BW, VL, DQ). Finer features inside a tier (VNNI, BF16) are read from cpu_features() by the kernel.
 enum class Isa : uint8_t { portable = 0, avx2 = 1, avx512 = 2 };
 
-inline const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::portable: return "portable";
-    case Isa::avx2: return "avx2";
-    case Isa::avx512: return "avx512";
-  }
-  return "?";
-}
-
-inline Isa parse_isa(std::string_view s) {
-  if (s == "portable") return Isa::portable;
-  if (s == "avx2") return Isa::avx2;
-  if (s == "avx512") return Isa::avx512;
-  detail::fail("unknown instruction set '", s, "' (expected portable, avx2 or avx512)");
-}
+inline constexpr detail::Named<Isa> kIsaNames[] = {
+    {Isa::portable, "portable"}, {Isa::avx2, "avx2"}, {Isa::avx512, "avx512"}};
+inline const char* isa_name(Isa isa) { return detail::name_of(isa, kIsaNames); }
+inline Isa parse_isa(std::string_view s) { return detail::parse_named(s, kIsaNames, "instruction set"); }
 
 // The widest tier this CPU runs.
 inline Isa detected_isa() {

@@ -99,6 +99,17 @@ class Tree {
     return build(shape, std::move(n_tokens), paths, n_query, scale, window);
   }
 
+  // The same tree under another sliding window (0: none).
+  Tree with_window(int64_t window) const {
+    std::vector<std::vector<int>> paths;
+    std::vector<int64_t> n_query;
+    for (const Sequence& sq : seqs_) {
+      paths.push_back(sq.path);
+      n_query.push_back(sq.n_query);
+    }
+    return build(shape_, n_tokens_, paths, n_query, scale_, window);
+  }
+
   const HeadShape& shape() const { return shape_; }
   float scale() const { return scale_; }
   int64_t window() const { return window_; }  // 0: none
