@@ -126,7 +126,7 @@ def probe(args, host, port, system, questions):
                       "ttft_cached_ms_p50": cac, "cached_over_uncached": cac / unc}))
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", required=True)
     ap.add_argument("--prompt-ids", required=True)
@@ -144,16 +144,11 @@ def main():
     ap.add_argument("--ttft-probe", type=int, default=0)
     ap.add_argument("--unique-tokens", type=int, default=0,
                     help="every 4th request appends this many random token ids (new K/V the cache must evict)")
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    u = urllib.parse.urlparse(args.url)
-    host, port = u.hostname, u.port or 80
-    with open(args.prompt_ids) as f:
-        ids = json.load(f)
-    system, questions = ids["system"], ids["questions"]
-    counter = [0]
-    lock = threading.Lock()
 
+def request_bodies(args, system, questions):
+    """body_for(i): request i's JSON: the system prompt, a question, and every 4th time new random tokens."""
     def body_for(i):
         prompt = system + questions[i % len(questions)]
         if args.unique_tokens and i % 4 == 3:
@@ -162,13 +157,12 @@ def main():
         if args.model:
             req["model"] = args.model
         return json.dumps(req)
+    return body_for
 
-    if args.ttft_probe:
-        probe(args, host, port, system, questions)
-        return
 
-    # Warm-up, not timed: one request, then (closed loop) a round of one per client at once, so every slot of a
-    # server that keeps a prompt per slot has seen the system prompt too.
+def warm_up(args, host, port, body_for):
+    """Not timed: one request, then (closed loop) a round of one per client at once, so every slot of a server
+    that keeps a prompt per slot has seen the system prompt too."""
     for batch in ([0], list(range(1, 1 + args.clients))) if args.warmup_requests else ():
         warm = [None] * len(batch)
         ts = [threading.Thread(target=lambda k=k, w=w: warm.__setitem__(
@@ -181,8 +175,13 @@ def main():
             if r.status != 200 or r.error:
                 raise SystemExit(f"serve_bench: a warm-up request failed: status {r.status}, {r.error}")
 
+
+def run_load(args, host, port, body_for):
+    """The timed run: closed loop (--clients) or Poisson arrivals (--rate) until --requests or --duration.
+    Returns (results, seconds, rss samples)."""
+    counter = [0]
+    lock = threading.Lock()
     results = []
-    stop_at = [None]
     t0 = time.perf_counter()
     deadline = t0 + args.duration
 
@@ -236,9 +235,13 @@ def main():
             threads.append(t)
     for t in threads:
         t.join()
-    t1 = time.perf_counter()
+    seconds = time.perf_counter() - t0
     sampling[0] = False
+    return results, seconds, rss
 
+
+def summary(args, system, results, seconds, rss):
+    """The run's one JSON object: counts, output tokens per second, TTFT and TPOT percentiles, memory."""
     ok = [r for r in results if r.status == 200 and r.error is None]
     refused = [r for r in results if r.status in (429, 503)]
     failed = [r for r in results if r not in ok and r not in refused]
@@ -251,7 +254,7 @@ def main():
         "rate": args.rate,
         "system_tokens": len(system),
         "max_tokens": args.max_tokens,
-        "seconds": t1 - t0,
+        "seconds": seconds,
         "requests": len(results),
         "answered": len(ok),
         "refused": len(refused),
@@ -259,7 +262,7 @@ def main():
         "failures": sorted({f"status {r.status}: {r.error}" for r in failed})[:5],
         "unique_tokens": args.unique_tokens,
         "output_tokens": tokens,
-        "output_tokens_per_s": tokens / (t1 - t0),
+        "output_tokens_per_s": tokens / seconds,
         "ttft_ms_p50": percentile(ttft, 0.5),
         "ttft_ms_p99": percentile(ttft, 0.99),
         "tpot_ms_p50": percentile(tpot, 0.5),
@@ -267,7 +270,23 @@ def main():
     }
     if rss:
         out["rss_mib"] = [[round(t, 1), round(v / 1024, 1)] for t, v in rss]
-    print(json.dumps(out))
+    return out
+
+
+def main():
+    args = parse_args()
+    u = urllib.parse.urlparse(args.url)
+    host, port = u.hostname, u.port or 80
+    with open(args.prompt_ids) as f:
+        ids = json.load(f)
+    system, questions = ids["system"], ids["questions"]
+    if args.ttft_probe:
+        probe(args, host, port, system, questions)
+        return
+    body_for = request_bodies(args, system, questions)
+    warm_up(args, host, port, body_for)
+    results, seconds, rss = run_load(args, host, port, body_for)
+    print(json.dumps(summary(args, system, results, seconds, rss)))
 
 
 if __name__ == "__main__":

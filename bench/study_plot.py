@@ -318,11 +318,8 @@ def rolling(xs, w):
     return out
 
 
-def plots(out, runs, sweeps, kernel):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def decode_plots(plt, out, runs):
+    """Step time and attention time against step, per decode run."""
     made = []
     # Step time and attention time against step, per decode run.
     for name, by in runs.items():
@@ -359,6 +356,12 @@ def plots(out, runs, sweeps, kernel):
         plt.close(fig)
         made.append(p)
 
+    return made
+
+
+def grid_plots(plt, out, kernel):
+    """Per prefix x batch grid: cascade's speedups, and the fraction of the machine's limit."""
+    made = []
     # Speedup heatmaps of cascade over unified and over split, prefix x batch.
     for name, items in kernel.items():
         if not name.startswith("grid-"):
@@ -411,6 +414,12 @@ def plots(out, runs, sweeps, kernel):
         plt.close(fig)
         made.append(p)
 
+    return made
+
+
+def suffix_plot(plt, out, kernel):
+    """Time against own tokens per sequence (the seed's growth)."""
+    made = []
     # Time against own tokens per sequence (the seed's growth), and dtype bars.
     sfx = [n for n in kernel if n.startswith("suffix")]
     if sfx:
@@ -435,6 +444,12 @@ def plots(out, runs, sweeps, kernel):
         fig.savefig(p, dpi=110)
         plt.close(fig)
         made.append(p)
+    return made
+
+
+def dtype_plot(plt, out, kernel):
+    """Time per K/V dtype."""
+    made = []
     if "dtype" in kernel:
         items = kernel["dtype"]
         labels = [f"{it['kv_dtype']} B={it['batch']}" for it in items]
@@ -456,6 +471,14 @@ def plots(out, runs, sweeps, kernel):
         made.append(p)
     return made
 
+
+def plots(out, runs, sweeps, kernel):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return (decode_plots(plt, out, runs) + grid_plots(plt, out, kernel) + suffix_plot(plt, out, kernel)
+            + dtype_plot(plt, out, kernel))
 
 # --- llama.cpp beside cascade (study.sh --llama-cpp) -----------------------------------------------------------
 
