@@ -378,6 +378,13 @@ TEST_CASE("server api: every error carries a code, and param where one field is 
     CHECK(parse(r.body)["error"]["code"] == code);
   }
   CHECK(parse(server::error_json(413, "too large"))["error"]["code"] == "request_too_large");
+  // A model without a chat template the server knows: the refusal names every format --chat-template takes.
+  server::Api no_template(s.engine, s.tok, {"tiny-model", "", "", 0});
+  const server::Reply t =
+      no_template.handle("POST", "/v1/chat/completions", "", R"({"messages": [{"role": "user", "content": "x"}]})");
+  CHECK(t.status == 400);
+  CHECK(parse(t.body)["error"]["message"].get<std::string>().find("chatml, llama3, phi3, gemma or mistral") !=
+        std::string::npos);
   s.api.set_draining();
   const server::Reply r = s.api.handle("POST", "/v1/completions", "", R"({"prompt": "x"})");
   CHECK(r.status == 503);
