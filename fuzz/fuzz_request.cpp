@@ -12,9 +12,9 @@
 //   bit 6     a server that is draining (shutting down)
 //   bit 7     a streamed answer's client leaves after the first piece
 // Fine answers: 200, 400, 401, 404, 405, and 503 from the draining server only, each with a well-formed body (an
-// OpenAI error object for every error but /health's 503, which says {"status": "shutting down"}). A crash, UB, an
-// exception, a 5xx otherwise, a malformed body or a stream that does not end with [DONE], a choice count other than
-// `n`, or K/V left behind by a request that ended is not.
+// OpenAI error object with a code for every error but /health's 503, which says {"status": "shutting down"}). A
+// crash, UB, an exception, a 5xx otherwise, a malformed body or a stream that does not end with [DONE], a choice
+// count other than `n`, or K/V left behind by a request that ended is not.
 #include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
 
 #include <nlohmann/json.hpp>
@@ -91,8 +91,8 @@ json parse_or_fail(std::string_view text, const std::string& what) {
 void check_error_body(int status, std::string_view body) {
   const json j = parse_or_fail(body, "an error body (" + std::to_string(status) + ")");
   if (!j.is_object() || !j.contains("error") || !j["error"].is_object() || !j["error"].contains("message") ||
-      !j["error"]["message"].is_string())
-    fail("an error body is not an OpenAI error object: " + std::string(body.substr(0, 200)));
+      !j["error"]["message"].is_string() || !j["error"].contains("code") || !j["error"]["code"].is_string())
+    fail("an error body is not an OpenAI error object with a code: " + std::string(body.substr(0, 200)));
 }
 
 void check_usage(const json& u) {

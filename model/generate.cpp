@@ -176,6 +176,7 @@ void Generation::start_sequences() {
     const int p = s / params_.n_parallel;
     res_.sequences[size_t(s)].prompt = p;
     samplers_.emplace_back(params_.sampling, uint64_t(s));
+    samplers_.back().set_prompt(prompts_[size_t(p)]);
     next_pos_[size_t(s)] = int64_t(prompts_[size_t(p)].size());
     prompt_leaf[size_t(s)] = res_.tree.prompt_node[size_t(p)];
   }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <map>
 
 #include "cascade/cpu/calibrate.hpp"
@@ -34,6 +35,9 @@ struct Engine::Sequence {
   int32_t last = -1;  // the last sampled token, which the next step feeds
   int64_t pos = 0;    // its position
   int n_tokens = 0;   // generated, end-of-generation tokens not counted
+  std::vector<TokenInfo> held;  // logprobs: tokens whose text has not begun to go out
+  int64_t n_chars = 0;          // logprobs: characters in the text's first n_counted bytes
+  size_t n_counted = 0;
   bool done = false;
   Sequence(int index, const SamplerParams& p, std::vector<std::string> stop)
       : index(index), sampler(p, uint64_t(index)), text(std::move(stop)) {}
@@ -145,7 +149,7 @@ Engine::~Engine() {
   // Whoever still waits learns the request will not finish.
   for (auto* list : {&incoming_, &waiting_, &active_})
     for (auto& a : *list) {
-      std::vector<Event> ev{Event{Event::Kind::error, 0, "the server stopped", 503, {}}};
+      std::vector<Event> ev{Event{Event::Kind::error, 0, "the server stopped", 503, {}, {}}};
       a->ticket->push(ev);
     }
 }
@@ -165,24 +169,37 @@ int64_t Engine::reserve_tokens(const GenRequest& r) const {
   return 1 + KvMethod::copied_tokens(cfg_.attn, len, n * len) + n * r.max_tokens;
 }
 
-std::string Engine::check(const GenRequest& r) const {
+CheckResult Engine::check(const GenRequest& r) const {
   const int64_t len = int64_t(r.prompt.size());
-  if (len == 0) return "the prompt has no tokens";
-  if (r.n < 1) return "n must be at least 1";
+  if (len == 0) return {"the prompt has no tokens", "prompt", "invalid_value"};
+  if (r.n < 1) return {"n must be at least 1", "n", "invalid_value"};
   if (r.n > cfg_.n_parallel)
-    return "n is " + std::to_string(r.n) + ", but this server decodes at most " + std::to_string(cfg_.n_parallel) +
-           " sequences at once (-np)";
-  if (r.max_tokens < 0) return "max_tokens must be at least 0";
+    return {"n is " + std::to_string(r.n) + ", but this server decodes at most " + std::to_string(cfg_.n_parallel) +
+                " sequences at once (-np)",
+            "n", "invalid_value"};
+  if (r.max_tokens < 0) return {"max_tokens must be at least 0", "max_tokens", "invalid_value"};
+  if (r.logprobs > tok_.n_vocab()) return {"logprobs asks for more tokens than the vocabulary has", "logprobs",
+                                           "invalid_value"};
   if (len + r.max_tokens > cfg_.n_ctx)
-    return "this model's context is " + std::to_string(cfg_.n_ctx) + " tokens; the prompt has " + std::to_string(len) +
-           " and max_tokens asks for " + std::to_string(r.max_tokens) + " more";
+    return {"this model's context is " + std::to_string(cfg_.n_ctx) + " tokens; the prompt has " + std::to_string(len) +
+                " and max_tokens asks for " + std::to_string(r.max_tokens) + " more",
+            "max_tokens", "context_length_exceeded"};
   for (int32_t t : r.prompt)
     if (t < 0 || t >= tok_.n_vocab())
-      return "token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(tok_.n_vocab()) + ")";
+      return {"token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(tok_.n_vocab()) +
+                  ")",
+              "prompt", "invalid_value"};
+  for (const auto& [t, bias] : r.sampling.logit_bias)
+    if (t < 0 || t >= tok_.n_vocab())
+      return {"token id " + std::to_string(t) + " in logit_bias is outside the vocabulary [0, " +
+                  std::to_string(tok_.n_vocab()) + ")",
+              "logit_bias", "invalid_value"};
   const int64_t need = len - 1 + reserve_tokens(r);
   if (need > budget_tokens_)
-    return "the request needs the K/V of " + std::to_string(need) +
-           " tokens at most, more than the server's budget of " + std::to_string(budget_tokens_) + " (--kv-budget)";
+    return {"the request needs the K/V of " + std::to_string(need) +
+                " tokens at most, more than the server's budget of " + std::to_string(budget_tokens_) +
+                " (--kv-budget)",
+            "max_tokens", "kv_budget_exceeded"};
   return {};
 }
 
@@ -236,7 +253,7 @@ bool Engine::drain(std::chrono::milliseconds timeout) {
   }
   // Queued requests that did not start are refused; the loop thread owns waiting_, so they are taken there.
   for (auto& a : refused) {
-    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}}};
+    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}, {}}};
     a->ticket->push(ev);
   }
   {
@@ -261,7 +278,7 @@ bool Engine::drain(std::chrono::milliseconds timeout) {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   for (auto& a : waiting_) {
-    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}}};
+    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}, {}}};
     a->ticket->push(ev);
   }
   waiting_.clear();
@@ -286,7 +303,7 @@ void Engine::take_new() {
   }
   if (!draining || waiting_.empty()) return;
   for (auto& a : waiting_) {  // queued requests that did not start are refused
-    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}}};
+    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}, {}}};
     a->ticket->push(ev);
   }
   std::lock_guard lock(mu_);
@@ -299,7 +316,7 @@ void Engine::end_cancelled() {
   int n_dropped = 0;
   std::erase_if(waiting_, [&](const std::unique_ptr<Active>& a) {
     if (!a->ticket->cancelled()) return false;
-    std::vector<Event> ev{Event{Event::Kind::error, 0, "cancelled", 499, {}}};
+    std::vector<Event> ev{Event{Event::Kind::error, 0, "cancelled", 499, {}, {}}};
     a->ticket->push(ev);
     ++n_dropped;
     return true;
@@ -429,11 +446,16 @@ void Engine::run_step(StepBatch& b) {
   std::vector<float> logits;
   model_.forward(b.tokens, b.pos, *kv_, logit_rows, logits);
   // The running sequences draw side by side (each from its own sampler and stream); what follows from the
-  // draws, and the new requests' first draws, stay in order.
+  // draws, and the new requests' first draws, stay in order. A draw puts its row back as it was, so the
+  // log-probabilities are the model's.
   std::vector<int32_t> drawn(b.outs.size());
+  std::vector<TokenLogprob> lps(b.outs.size());
   tbb::parallel_for(size_t(0), b.outs.size(), [&](size_t j) {
     const StepBatch::Out& o = b.outs[j];
-    if (o.seq >= 0) drawn[j] = o.a->seqs[size_t(o.seq)].sampler.sample(logits.data() + int64_t(j) * n_vocab, n_vocab);
+    if (o.seq < 0) return;
+    float* row = logits.data() + int64_t(j) * n_vocab;
+    drawn[j] = o.a->seqs[size_t(o.seq)].sampler.sample(row, n_vocab);
+    if (o.a->req.logprobs >= 0) lps[j] = token_logprob(row, n_vocab, drawn[j], o.a->req.logprobs);
   });
   for (size_t j = 0; j < b.outs.size(); ++j) {
     const StepBatch::Out& o = b.outs[j];
@@ -443,13 +465,13 @@ void Engine::run_step(StepBatch& b) {
     }
     Sequence& s = o.a->seqs[size_t(o.seq)];
     ++s.pos;
-    accept(*o.a, s, drawn[j], o.a->events);
+    accept(*o.a, s, drawn[j], o.a->req.logprobs >= 0 ? &lps[j] : nullptr, o.a->events);
   }
 }
 
 // The prompt's last token is stored: the choices start, laid out as the method says, each sampling its first
 // token from the same logits with its own stream.
-void Engine::start_sequences(Active& a, const float* logits) {
+void Engine::start_sequences(Active& a, float* logits) {
   const GenRequest& r = a.req;
   const std::vector<int> ids = kv_->start(std::vector<int>(size_t(r.n), a.s0), {r.max_tokens, true});
   if (!kv_->reads_tree()) release_prompt(a);  // the copies stand alone
@@ -459,21 +481,25 @@ void Engine::start_sequences(Active& a, const float* logits) {
     Sequence& s = a.seqs.back();
     s.id = ids[size_t(j)];
     s.pos = int64_t(r.prompt.size());
+    s.sampler.set_prompt(r.prompt);
   }
   const int64_t n_vocab = model_.hparams().n_vocab;
   for (Sequence& s : a.seqs) {
     if (r.max_tokens == 0) {
-      a.events.push_back({Event::Kind::finish, s.index, "length", 0, {}});
+      a.events.push_back({Event::Kind::finish, s.index, "length", 0, {}, {}});
       end_sequence(a, s);
       continue;
     }
-    accept(a, s, s.sampler.sample(logits, n_vocab), a.events);
+    const int32_t tok = s.sampler.sample(logits, n_vocab);
+    TokenLogprob lp;
+    if (r.logprobs >= 0) lp = token_logprob(logits, n_vocab, tok, r.logprobs);
+    accept(a, s, tok, r.logprobs >= 0 ? &lp : nullptr, a.events);
   }
 }
 
-// A sampled token: the sequence stops at end-of-generation, a stop string, max_tokens or the context's end;
-// else the next step feeds it.
-void Engine::accept(Active& a, Sequence& s, int32_t tok, std::vector<Event>& ev) {
+// A sampled token (with its log-probabilities when asked for): the sequence stops at end-of-generation, a stop
+// string, max_tokens or the context's end; else the next step feeds it.
+void Engine::accept(Active& a, Sequence& s, int32_t tok, TokenLogprob* lp, std::vector<Event>& ev) {
   const GenRequest& r = a.req;
   std::string reason;
   if (!r.ignore_eos && tok_.is_eog(tok)) {
@@ -482,19 +508,32 @@ void Engine::accept(Active& a, Sequence& s, int32_t tok, std::vector<Event>& ev)
     ++s.n_tokens;
     ++a.n_generated;
     ++n_generated_;
+    if (lp) {
+      const std::string& t = s.text.text();
+      for (; s.n_counted < t.size(); ++s.n_counted) s.n_chars += (uint8_t(t[s.n_counted]) & 0xC0) != 0x80;
+      s.held.push_back({std::move(*lp), s.n_chars, int64_t(t.size())});
+    }
     const TokenType type = tok_.token_type(tok);
     const bool stopped =
         s.text.append(type == TokenType::control || type == TokenType::unknown ? std::string() : tok_.token_piece(tok));
     if (stopped) reason = "stop";
     else if (s.n_tokens >= r.max_tokens || s.pos + 1 >= cfg_.n_ctx) reason = "length";
   }
-  std::string delta = s.text.take(!reason.empty());
-  if (!delta.empty()) ev.push_back({Event::Kind::text, s.index, std::move(delta), 0, {}});
+  const bool final = !reason.empty();
+  Event e{Event::Kind::text, s.index, s.text.take(final), 0, {}, {}};
+  // The held tokens whose text begins in what went out; at the end all of them, but those past a stop string's cut.
+  const int64_t out = int64_t(final ? s.text.text().size() : s.text.sent());
+  const auto goes = [&](const TokenInfo& t) { return t.byte_offset < out || (final && !s.text.stopped()); };
+  const auto it = std::partition_point(s.held.begin(), s.held.end(), goes);
+  e.tokens.assign(std::make_move_iterator(s.held.begin()), std::make_move_iterator(it));
+  s.held.erase(s.held.begin(), it);
+  if (final) s.held.clear();
+  if (!e.text.empty() || !e.tokens.empty()) ev.push_back(std::move(e));
   if (reason.empty()) {
     s.last = tok;
     return;
   }
-  ev.push_back({Event::Kind::finish, s.index, reason, 0, {}});
+  ev.push_back({Event::Kind::finish, s.index, reason, 0, {}, {}});
   end_sequence(a, s);
 }
 
@@ -506,7 +545,7 @@ void Engine::end_sequence(Active& a, Sequence& s) {
   --slots_used_;
   if (a.n_live() > 0) return;
   close_request(a);
-  a.events.push_back({Event::Kind::done, 0, {}, 0, {int64_t(a.req.prompt.size()), a.n_generated, a.n_cached}});
+  a.events.push_back({Event::Kind::done, 0, {}, 0, {int64_t(a.req.prompt.size()), a.n_generated, a.n_cached}, {}});
 }
 
 // The request's hold on its prompt goes: its own segment and the pin on the prompt's path.
@@ -537,7 +576,7 @@ void Engine::end_request(Active& a, const std::string& error, int status) {
     close_request(a);
   }
   a.events.clear();
-  a.events.push_back({Event::Kind::error, 0, error, status, {}});
+  a.events.push_back({Event::Kind::error, 0, error, status, {}, {}});
 }
 
 // Pushes every request's events and drops the requests that ended.
@@ -590,7 +629,7 @@ bool Engine::step() {
 void Engine::fail_all(const std::exception& e) {
   for (auto& a : active_) {
     a->events.clear();
-    a->events.push_back({Event::Kind::error, 0, std::string("internal error: ") + e.what(), 500, {}});
+    a->events.push_back({Event::Kind::error, 0, std::string("internal error: ") + e.what(), 500, {}, {}});
     a->state = Active::State::ended;
   }
   finish_requests();

@@ -18,6 +18,11 @@
 // A sequence ends at an end-of-generation token (unless ignore_eos), a stop string, max_tokens, or the context
 // ("length"); a cancelled request's sequences end at the next step. Either way its K/V goes at once.
 //
+// Each choice samples through its own Sampler (sampler.hpp: logit_bias and penalties, the prompt counted for the
+// repetition penalty). With GenRequest::logprobs >= 0 every generated token also carries its log-probability
+// under the model and the most probable alternatives (TokenInfo), sent with the text event that gives out the
+// start of its text: a token a stop string cuts off entirely is not reported, as its text is not.
+//
 // Determinism: choice j of a request samples with its own random stream (seed, j) (sampler.hpp), so with a
 // seed it draws the same numbers whatever runs beside it. Its logits are the same up to rounding: the forward
 // pass groups rows differently when other requests share a step.
@@ -72,6 +77,21 @@ struct GenRequest {
   SamplerParams sampling;       // the seed is the request's (api.hpp draws one when the client gave none)
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  int logprobs = -1;            // -1: none; else each token's log-probability and this many alternatives
+};
+
+// Why a request cannot run here (Engine::check): the message, the API field at fault and the API error code; an
+// empty message when it can.
+struct CheckResult {
+  std::string message, param, code;
+  bool ok() const { return message.empty(); }
+};
+
+// A generated token's log-probabilities, and where its text begins in its choice's text.
+struct TokenInfo {
+  TokenLogprob lp;
+  int64_t text_offset = 0;  // in characters (Unicode code points; a character split between tokens counts once)
+  int64_t byte_offset = 0;  // in bytes
 };
 
 struct Usage {
@@ -88,6 +108,7 @@ struct Event {
   std::string text;     // text: new text; finish: the reason ("stop", "length"); error: the message
   int status = 0;       // error: the HTTP status it calls for
   Usage usage;          // done
+  std::vector<TokenInfo> tokens;  // text, when logprobs were asked for: the tokens whose text begins in it
 };
 
 // One request inside the engine, shared by the engine and the thread answering the client.
@@ -140,8 +161,8 @@ class Engine {
   int64_t kv_token_bytes() const { return token_bytes_; }
 
   // Why the request can never run here (its prompt and generation do not fit the context or the K/V budget,
-  // more choices than n_parallel), or empty when it can.
-  std::string check(const GenRequest& r) const;
+  // more choices than n_parallel, a token outside the vocabulary), or ok() when it can.
+  CheckResult check(const GenRequest& r) const;
 
   enum class Admission { queued, queue_full, draining };
   // Queues a request (check() must have passed). nullptr with *why set when it is refused.
@@ -179,8 +200,8 @@ class Engine {
   bool plan_prompt(Active& a, StepBatch& b, std::map<int, int64_t>& planned, int64_t& budget);
   void run_step(StepBatch& b);
   void fail_all(const std::exception& e);
-  void start_sequences(Active& a, const float* logits);
-  void accept(Active& a, Sequence& s, int32_t tok, std::vector<Event>& ev);
+  void start_sequences(Active& a, float* logits);
+  void accept(Active& a, Sequence& s, int32_t tok, TokenLogprob* lp, std::vector<Event>& ev);
   void end_sequence(Active& a, Sequence& s);
   void release_prompt(Active& a);
   void close_request(Active& a);

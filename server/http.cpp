@@ -161,6 +161,8 @@ class ConnStream final : public httplib::Stream {
   void get_remote_ip_and_port(std::string& ip, int& port) const override { address(true, ip, port); }
   void get_local_ip_and_port(std::string& ip, int& port) const override { address(false, ip, port); }
   socket_t socket() const override { return sock_; }
+  // The client has closed its side or reset the connection (a request it pipelined still counts as present).
+  bool client_left() const { return !alive(); }
 
  private:
   ssize_t recv_some(char* ptr, size_t size) const {
@@ -355,9 +357,11 @@ void HttpServer::Impl::serve(const httplib::Request& req, const std::string& bod
   }
   std::shared_ptr<Responder> gen = r.pending;
   if (!gen->streamed()) {
+    // A client that leaves while its answer is made cancels it, as a stream's does at its next write.
     int status = 500;
     std::string body;
-    gen->finish(status, body);
+    ConnStream* conn = t_conn;
+    gen->finish(status, body, [conn] { return conn && conn->client_left(); });
     api.count_status(status);
     res.status = status;
     res.set_content(body, "application/json");

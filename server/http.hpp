@@ -1,6 +1,7 @@
 // The HTTP layer: moves requests to Api::handle and its replies back, streaming a generation's body as the engine
-// produces it. A stream whose client has left (a write fails) cancels its request. The listener, the threads and
-// the connections are this layer's own; cpp-httplib reads each request and writes its answer (http.cpp).
+// produces it. A stream whose client has left (a write fails) cancels its request; so does a request answered whole
+// whose client closes the connection while it waits (the socket is watched, Responder::finish). The listener, the
+// threads and the connections are this layer's own; cpp-httplib reads each request and writes its answer (http.cpp).
 //
 // Connections are served by a fixed pool of threads with a bounded backlog: when every thread is busy and the
 // backlog is full, the listener stops accepting until a thread frees up (the kernel's queue holds the rest), so

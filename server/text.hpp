@@ -22,6 +22,7 @@ class StopText {
   std::string take(bool final = false);
 
   const std::string& text() const { return text_; }
+  size_t sent() const { return sent_; }  // bytes taken so far
   bool stopped() const { return stopped_; }
 
  private:

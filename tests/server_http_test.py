@@ -3,15 +3,19 @@
 
     server_http_test.py SERVER MODEL CASE
 
-Cases: openai (the official client: completions and chat, streamed and not, n > 1), bad_input (raw HTTP: every
-bad-input row gets its status and an OpenAI error object, and nothing else changes), auth, overload, shared_prompt
-(16 concurrent clients sharing a 1,000-token system prompt), disconnect, shutdown, exhaustion (idle connections,
-bodies at and over --max-body, more streams than -np; threads, open files and memory stay bounded). Each case starts
-its own server on an ephemeral port; every wait is bounded in count and time.
+Cases: openai (the official client: completions and chat, streamed and not, n > 1, the usage chunk only when
+stream_options asks for it), bad_input (raw HTTP: every bad-input row gets its status and an OpenAI error object with
+a code, and nothing else changes), auth, overload, shared_prompt (16 concurrent clients sharing a 1,000-token system
+prompt), disconnect, shutdown, exhaustion (idle connections, bodies at and over --max-body, more streams than -np;
+threads, open files and memory stay bounded), logprobs (completions and chat, whole and streamed), penalties
+(presence, frequency, repetition, logit_bias), max_tokens (--max-tokens and the defaults), client_leaves (a request
+answered whole whose client leaves is cancelled, and does not hold up SIGTERM). Each case starts its own server on an
+ephemeral port; every wait is bounded in count and time.
 """
 import gzip
 import http.client
 import json
+import math
 import os
 import re
 import select
@@ -24,6 +28,7 @@ import threading
 import time
 
 SERVER, MODEL, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
+TOKENIZE = os.path.join(os.path.dirname(SERVER), "cascade-tokenize")  # built beside the server
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 120  # seconds any one request or wait may take on a loaded 2-core machine
 _cache = tempfile.TemporaryDirectory(prefix="cascade-server-test-")
@@ -168,7 +173,7 @@ def case_openai():
         texts = {}
         usage = None
         for chunk in client.completions.create(model=model, prompt=prompt, max_tokens=10, n=3, seed=11,
-                                               temperature=0.9, stream=True):
+                                               temperature=0.9, stream=True, stream_options={"include_usage": True}):
             for c in chunk.choices:
                 texts[c.index] = texts.get(c.index, "") + c.text
             if chunk.usage:
@@ -191,7 +196,7 @@ def case_openai():
         check("Paris" in chat.choices[0].message.content, f"the model knows: {chat.choices[0].message.content!r}")
         parts, roles, finish, usage = {}, set(), {}, None
         for chunk in client.chat.completions.create(model=model, messages=msgs, max_tokens=16, n=2, temperature=0,
-                                                    stream=True):
+                                                    stream=True, stream_options={"include_usage": True}):
             for c in chunk.choices:
                 if c.delta.role:
                     roles.add(c.delta.role)
@@ -204,6 +209,14 @@ def case_openai():
         check(roles == {"assistant"} and set(finish) == {0, 1}, f"roles {roles}, finish {finish}")
         check(usage.prompt_tokens == chat.usage.prompt_tokens, "chat stream usage")
         check(usage.prompt_tokens_details.cached_tokens == chat.usage.prompt_tokens - 1, "the same chat is cached")
+        # Without stream_options, as OpenAI: no usage chunk, so the common loop over chunk.choices[0] works.
+        text, n_chunks = "", 0
+        for chunk in client.chat.completions.create(model=model, messages=msgs, max_tokens=16, temperature=0,
+                                                    stream=True):
+            check(chunk.usage is None, f"a usage chunk nobody asked for: {chunk}")
+            text += chunk.choices[0].delta.content or ""
+            n_chunks += 1
+        check(text == chat.choices[0].message.content and n_chunks > 2, f"plain chat stream {text!r}")
 
         # Stop strings.
         full = client.completions.create(model=model, prompt="Count: 1, 2, 3,", max_tokens=12, temperature=0)
@@ -213,12 +226,13 @@ def case_openai():
         check(cut.choices[0].text == full.choices[0].text.split(" 6")[0] and cut.choices[0].finish_reason == "stop",
               f"stopped text {cut.choices[0].text!r}")
 
-        # Errors come back as the client's exceptions.
+        # Errors come back as the client's exceptions; an unknown model is 404, as OpenAI answers it.
         try:
             client.completions.create(model="no-such-model", prompt="x", max_tokens=1)
             fail("an unknown model was accepted")
-        except openai.BadRequestError as e:
-            check(e.body["code"] == "model_not_found", f"error body {e.body}")
+        except openai.NotFoundError as e:
+            check(e.body["code"] == "model_not_found" and e.body["param"] == "model", f"error body {e.body}")
+            check("--alias" in e.body["message"], f"the message names --alias: {e.body}")
     finally:
         check(srv.stop() == 0, "exit code")
     # --attn auto (the default) calibrated its profile at the first start and keeps it: the next start reads it.
@@ -257,7 +271,7 @@ def case_bad_input():
             (C, {"prompt": "x", "n": "2"}, 400, "n"),
             (C, {"prompt": "x", "n": 1.5}, 400, "n"),
             (C, {"prompt": "x", "n": 129}, 400, "n"),
-            (C, {"prompt": "x", "n": 3}, 400, None),  # more than -np
+            (C, {"prompt": "x", "n": 3}, 400, "n"),  # more than -np
             (C, {"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
             (C, {"prompt": "x", "max_tokens": "16"}, 400, "max_tokens"),
             (C, {"prompt": "x", "max_tokens": 10 ** 30}, 400, "max_tokens"),
@@ -273,11 +287,18 @@ def case_bad_input():
             (C, {"prompt": "x", "stop": [""]}, 400, "stop"),
             (C, {"prompt": "x", "stop": ["s"] * 17}, 400, "stop"),
             (C, {"prompt": "x", "stream": "yes"}, 400, "stream"),
-            (C, {"prompt": "x", "model": "gpt-4"}, 400, "model"),
+            (C, {"prompt": "x", "model": "gpt-4"}, 404, "model"),
             (C, {"prompt": "x", "model": 7}, 400, "model"),
             (C, {"prompt": long_prompt}, 400, "prompt"),
-            (C, {"prompt": "x", "max_tokens": 256}, 400, None),  # the prompt and its output overflow -c 256
-            (C, {"prompt": "x", "logprobs": 2}, 400, "logprobs"),
+            (C, {"prompt": "x", "max_tokens": 256}, 400, "max_tokens"),  # the prompt and its output overflow -c 256
+            (C, {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+            (C, {"prompt": "x", "logprobs": True}, 400, "logprobs"),
+            (C, {"prompt": "x", "presence_penalty": -3}, 400, "presence_penalty"),
+            (C, {"prompt": "x", "frequency_penalty": [1]}, 400, "frequency_penalty"),
+            (C, {"prompt": "x", "repetition_penalty": -1}, 400, "repetition_penalty"),
+            (C, {"prompt": "x", "logit_bias": {"abc": 1}}, 400, "logit_bias"),
+            (C, {"prompt": "x", "logit_bias": {"5": 500}}, 400, "logit_bias"),
+            (C, {"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options"),
             (C, {"prompt": "x", "echo": True}, 400, "echo"),
             (C, {"prompt": "x", "best_of": 3}, 400, "best_of"),
             (CH, {}, 400, "messages"),
@@ -292,6 +313,7 @@ def case_bad_input():
             (CH, {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -5}, 400,
              "max_completion_tokens"),
             (CH, {"messages": [{"role": "user", "content": long_prompt}]}, 400, "messages"),
+            (CH, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, 400, "top_logprobs"),
         ]
         for path, body, want, param in rows:
             status, headers, data = srv.request("POST", path, body, {"Content-Type": "application/json"})
@@ -299,6 +321,7 @@ def case_bad_input():
             err = json.loads(data)["error"]
             check(isinstance(err["message"], str) and err["message"] and err["type"] == "invalid_request_error",
                   f"{body!r:.80}: error object {err}")
+            check(isinstance(err["code"], str) and err["code"], f"{body!r:.80}: no code in {err}")
             if param:
                 check(err["param"] == param, f"{body!r:.80}: param {err['param']!r}, expected {param!r}")
         status, _, data = srv.request("POST", C, {"prompt": long_prompt})
@@ -307,15 +330,16 @@ def case_bad_input():
         for method, path, want in [("GET", "/nowhere", 404), ("GET", C, 405), ("POST", "/v1/models", 405),
                                    ("DELETE", CH, 405), ("GET", "/v1/models/other", 404)]:
             status, _, data = srv.request(method, path)
-            check(status == want and "error" in json.loads(data), f"{method} {path}: {status} {data[:100]!r}")
+            check(status == want and json.loads(data)["error"]["code"], f"{method} {path}: {status} {data[:100]!r}")
         status, _, data = srv.request("POST", C, b'{"prompt": "' + b"a" * (5 << 20) + b'"}')
-        check(status == 413 and "error" in json.loads(data), f"oversized body: {status} {data[:100]!r}")
+        check(status == 413 and json.loads(data)["error"]["code"] == "request_too_large",
+              f"oversized body: {status} {data[:100]!r}")
         # Nothing changed: no request queued, no K/V stored; a good request still works.
         after = srv.metrics()
         for k in ["cascade_requests_total", "cascade_kv_bytes", "cascade_prompt_tokens_total",
                   "cascade_active_requests", "cascade_queue_depth"]:
             check(after[k] == before[k], f"{k} changed from {before[k]} to {after[k]}")
-        check(after['cascade_http_responses_total{code="400"}'] == len(rows) + 1, "400s counted")
+        check(after['cascade_http_responses_total{code="400"}'] == sum(r[2] == 400 for r in rows) + 1, "400s counted")
         status, _, data = srv.request("POST", C, {"prompt": "Hello", "max_tokens": 3})
         check(status == 200 and json.loads(data)["usage"]["completion_tokens"] <= 3, f"good request: {data!r}")
     finally:
@@ -334,7 +358,8 @@ def case_auth():
                                     ("GET", "/metrics", None)]:
                 status, _, data = srv.request(method, path, b, headers)
                 check(status == 401, f"{path} with {headers}: {status}")
-                check(json.loads(data)["error"]["type"] == "authentication_error", f"{data!r}")
+                err = json.loads(data)["error"]
+                check(err["type"] == "authentication_error" and err["code"] == "invalid_api_key", f"{data!r}")
         status, _, _ = srv.request("GET", "/health")
         check(status == 200, "/health needs no key")
         status, _, _ = srv.request("POST", "/v1/completions", body, {"Authorization": "Bearer sesame"})
@@ -366,7 +391,8 @@ def case_overload():
         status, headers, data = srv.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})
         check(status == 503, f"a full queue answered {status}")
         check(headers.get("Retry-After", "").isdigit(), f"Retry-After missing: {headers}")
-        check(json.loads(data)["error"]["message"], "error object")
+        err = json.loads(data)["error"]
+        check(err["message"] and err["code"] == "queue_full", f"error object {err}")
         check(srv.metrics()["cascade_requests_refused_total"] == 1, "refusal counted")
         for sock in (running, queued):
             sock.shutdown(socket.SHUT_RDWR)  # close() alone keeps the socket open while its makefile() lives
@@ -450,7 +476,8 @@ def case_disconnect():
 def case_shutdown():
     srv = Server("-np", "2", "--attn", "cascade", "--shutdown-timeout", "60")
     s, f = stream_request(srv.port, "/v1/completions",
-                          {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True, "stream": True})
+                          {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True, "stream": True,
+                           "stream_options": {"include_usage": True}})
     read_events(f, 2)
     srv.proc.send_signal(signal.SIGTERM)
     # New work is refused while the running stream finishes.
@@ -459,8 +486,9 @@ def case_shutdown():
         check(time.time() < deadline, "no shutdown line")
         time.sleep(0.02)
     try:
-        status, headers, _ = srv.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})
+        status, headers, data = srv.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})
         check(status == 503 and "Retry-After" in headers, f"a request while stopping got {status}")
+        check(json.loads(data)["error"]["code"] == "server_shutting_down", f"the 503's body: {data!r}")
     except (ConnectionError, OSError):
         pass  # or the listener is closed already
     events = read_events(f, 100)
@@ -641,7 +669,8 @@ def case_exhaustion():
         results = [None] * n_streams
 
         def stream(i):
-            body = {"prompt": f"Story {i}: once upon a time", "max_tokens": 16, "ignore_eos": True, "stream": True}
+            body = {"prompt": f"Story {i}: once upon a time", "max_tokens": 16, "ignore_eos": True, "stream": True,
+                    "stream_options": {"include_usage": True}}
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=TIMEOUT)
                 conn.request("POST", C, body=json.dumps(body), headers={"Content-Type": "application/json"})
@@ -690,6 +719,236 @@ def case_exhaustion():
               f"resident memory grew from {base['rss_mib']:.0f} MiB to {worst['rss_mib']:.0f} MiB")
         check(end["fds"] <= base["fds"] + 2, f"descriptors left open: {base['fds']} -> {end['fds']}")
         check(srv.stop() == 0, "exit code")
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+
+
+def token_id(text):
+    """The id of the one token `text` is (cascade-tokenize, no BOS), or None when it is not one token."""
+    check(os.path.exists(TOKENIZE), f"{TOKENIZE} is missing (build the cascade-tokenize target)")
+    out = subprocess.run([TOKENIZE, "-m", MODEL, "-p", text, "--ids", "--no-bos"], capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    check(out.returncode == 0, f"cascade-tokenize: {out.stderr}")
+    ids = out.stdout.split()
+    return int(ids[0]) if len(ids) == 1 else None
+
+
+def check_completion_logprobs(lp, text, n_top, greedy):
+    """A completion choice's logprobs as OpenAI gives them: one entry per token, the tokens spelling the text, each
+    token among its alternatives (n_top of them, or n_top + 1 when it is not one), offsets in characters."""
+    n = len(lp.tokens)
+    check(len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n, f"logprobs lengths {lp}")
+    check("".join(lp.tokens) == text, f"tokens {lp.tokens} spell {text!r}")
+    for k in range(n):
+        check(lp.text_offset[k] == len("".join(lp.tokens[:k])), f"text_offset {lp.text_offset}")
+        top = lp.top_logprobs[k]
+        check(len(top) in (n_top, n_top + 1) and top[lp.tokens[k]] == lp.token_logprobs[k], f"top {k}: {top}")
+        check(all(v <= 0 for v in top.values()) and sum(math.exp(v) for v in top.values()) <= 1 + 1e-5,
+              f"top {k} is not log-probabilities: {top}")
+        if greedy:
+            check(lp.token_logprobs[k] == max(top.values()), f"greedy took a token less likely than another: {top}")
+
+
+def case_logprobs():
+    import openai
+
+    srv = Server("-np", "4")
+    try:
+        client = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+        model = client.models.list().data[0].id
+        prompt = "The history of the printing press begins"
+        # Cached first, so that the requests compared below all find it so (a cached prompt's logits may differ
+        # from a computed one's in the last bits, and a greedy text with them).
+        client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0)
+        one = client.completions.create(model=model, prompt=prompt, max_tokens=10, temperature=0, logprobs=5)
+        check(one.usage.completion_tokens == len(one.choices[0].logprobs.tokens), f"{one}")
+        check_completion_logprobs(one.choices[0].logprobs, one.choices[0].text, 5, greedy=True)
+        # Sampled (n = 2, a seed): the token drawn need not be the likeliest, but is reported with its own.
+        two = client.completions.create(model=model, prompt=prompt, max_tokens=10, temperature=1.2, seed=5, n=2,
+                                        logprobs=2)
+        for c in two.choices:
+            check_completion_logprobs(c.logprobs, c.text, 2, greedy=False)
+        # Streamed: the same tokens and numbers.
+        tokens, values = [], []
+        for chunk in client.completions.create(model=model, prompt=prompt, max_tokens=10, temperature=0, logprobs=5,
+                                               stream=True):
+            lp = chunk.choices[0].logprobs
+            if lp:
+                tokens += lp.tokens
+                values += lp.token_logprobs
+        check(tokens == one.choices[0].logprobs.tokens, f"streamed tokens {tokens}")
+        check(values == one.choices[0].logprobs.token_logprobs,
+              f"streamed logprobs {values} vs {one.choices[0].logprobs.token_logprobs}")
+
+        # Chat: logprobs=True with top_logprobs; content entries with bytes; streamed the same.
+        msgs = [{"role": "user", "content": "Name a color."}]
+        client.chat.completions.create(model=model, messages=msgs, max_tokens=1, temperature=0)
+        chat = client.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=0, logprobs=True,
+                                              top_logprobs=3)
+        content = chat.choices[0].logprobs.content
+        check(len(content) == chat.usage.completion_tokens, f"{len(content)} entries")
+        check("".join(t.token for t in content) == chat.choices[0].message.content, "chat tokens spell the text")
+        for t in content:
+            check(bytes(t.bytes).decode("utf-8", "replace") == t.token, f"bytes {t}")
+            check(len(t.top_logprobs) == 3 and t.top_logprobs[0].token == t.token, f"top {t.top_logprobs}")
+            check(t.top_logprobs[0].logprob == t.logprob >= t.top_logprobs[1].logprob >= t.top_logprobs[2].logprob,
+                  f"greedy: {t}")
+        streamed = []
+        for chunk in client.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=0,
+                                                    logprobs=True, top_logprobs=3, stream=True):
+            if chunk.choices[0].logprobs:
+                streamed += chunk.choices[0].logprobs.content
+        check([(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content],
+              "streamed chat tokens")
+        plain = client.chat.completions.create(model=model, messages=msgs, max_tokens=4, temperature=0)
+        check(plain.choices[0].logprobs is None, "no logprobs unless asked")
+        try:
+            client.chat.completions.create(model=model, messages=msgs, max_tokens=4, top_logprobs=2)
+            fail("top_logprobs without logprobs was accepted")
+        except openai.BadRequestError as e:
+            check(e.body["param"] == "top_logprobs", f"{e.body}")
+    finally:
+        check(srv.stop() == 0, "exit code")
+
+
+def case_penalties():
+    import openai
+
+    srv = Server("-np", "4")
+    try:
+        client = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+        model = client.models.list().data[0].id
+        prompt = "List of fruits: apple, apple, apple,"
+        client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0)  # cached, as above
+        ask = dict(model=model, prompt=prompt, max_tokens=16, temperature=0, logprobs=20,
+                   extra_body={"ignore_eos": True})
+        plain = client.completions.create(**ask).choices[0]
+        # presence and frequency: each step takes the best of logprob - count * frequency - (count > 0) * presence
+        # (logprobs are the model's, before the penalties), which the test recomputes over the 20 alternatives.
+        presence, frequency = 0.8, 0.6
+        pen = client.completions.create(presence_penalty=presence, frequency_penalty=frequency, **ask).choices[0]
+        check(pen.text != plain.text, f"the penalties changed nothing: {pen.text!r}")
+        counts, moved = {}, 0
+        lp = pen.logprobs
+        for k, tok in enumerate(lp.tokens):
+            def score(t, v):
+                c = counts.get(t, 0)
+                return v - c * frequency - (presence if c else 0)
+            chosen = score(tok, lp.token_logprobs[k])
+            for t, v in lp.top_logprobs[k].items():
+                check(score(t, v) <= chosen + 1e-4, f"step {k}: {t!r} scores {score(t, v)} > {tok!r} {chosen}")
+            moved += lp.token_logprobs[k] < max(lp.top_logprobs[k].values())
+            counts[tok] = counts.get(tok, 0) + 1
+        check(moved > 0, "the penalties never moved greedy off the likeliest token")
+        # repetition_penalty (an extension): accepted, and it changes a repetitive text.
+        rep = client.completions.create(extra_body={"ignore_eos": True, "repetition_penalty": 1.5},
+                                        **{k: v for k, v in ask.items() if k != "extra_body"}).choices[0]
+        check(rep.text != plain.text, f"repetition_penalty changed nothing: {rep.text!r}")
+        # logit_bias at the first token: the second likeliest, raised by a little more than the gap, is taken; by a
+        # little less, it is not.
+        first = sorted(plain.logprobs.top_logprobs[0].items(), key=lambda kv: -kv[1])
+        second = next((t, v) for t, v in first[1:] if token_id(t) is not None)
+        gap = first[0][1] - second[1]
+        sid = token_id(second[0])
+        for extra, wins in ((0.05, True), (-0.05, False)):
+            r = client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0,
+                                          logit_bias={str(sid): gap + extra})
+            check((r.choices[0].text == second[0]) == wins, f"bias {gap + extra}: {r.choices[0].text!r} ({second})")
+        banned = client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0,
+                                           logit_bias={str(token_id(first[0][0])): -100})
+        check(banned.choices[0].text != first[0][0], "a -100 bias bans the token")
+    finally:
+        check(srv.stop() == 0, "exit code")
+
+
+def case_max_tokens():
+    import openai
+
+    srv = Server("-np", "2", "--max-tokens", "5", "-t", "1")
+    try:
+        line = next(line for line in srv.lines if "listening on" in line)
+        check(" 1 thread" in line and " 1 threads" not in line, f"startup line {line!r}")
+        client = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+        meta = client.models.list().data[0].model_extra["meta"]
+        check(meta["max_tokens"] == 5 and meta["default_max_tokens"] == {"completions": 5, "chat": 5}, f"{meta}")
+        model = client.models.list().data[0].id
+        extra = {"extra_body": {"ignore_eos": True}}
+        r = client.completions.create(model=model, prompt="Once upon a time", **extra)
+        check(r.usage.completion_tokens == 5, f"default {r.usage}")
+        r = client.completions.create(model=model, prompt="Once upon a time", max_tokens=40, **extra)
+        check(r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length", f"capped {r.usage}")
+        r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                           **extra)
+        check(r.usage.completion_tokens == 3, f"under the cap {r.usage}")
+    finally:
+        check(srv.stop() == 0, "exit code")
+    # Without --max-tokens: no cap; a chat without max_tokens stops at 1,024 tokens, not at the end of the context.
+    srv = Server("-np", "1", "-c", "1100", "--attn", "cascade")
+    try:
+        client = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+        model = client.models.list().data[0].id
+        meta = client.models.list().data[0].model_extra["meta"]
+        check(meta["max_tokens"] is None and meta["default_max_tokens"] == {"completions": 16, "chat": 1024}, f"{meta}")
+        t0 = time.time()
+        # (1,024 steps: 30 s on the shared 2-core machine, minutes under a sanitizer)
+        r = client.with_options(timeout=500).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Tell me a story."}], extra_body={"ignore_eos": True})
+        check(r.usage.completion_tokens == 1024 and r.choices[0].finish_reason == "length", f"chat default {r.usage}")
+        print(f"max_tokens: 1,024 tokens of chat in {time.time() - t0:.1f} s")
+        # No cap below the context: more than the context leaves is refused, not cut.
+        try:
+            client.completions.create(model=model, prompt="Once upon a time", max_tokens=1100)
+            fail("max_tokens past the context was accepted")
+        except openai.BadRequestError as e:
+            check(e.body["code"] == "context_length_exceeded" and e.body["param"] == "max_tokens", f"{e.body}")
+    finally:
+        check(srv.stop() == 0, "exit code")
+
+
+def case_client_leaves():
+    import openai
+
+    srv = Server("-np", "2", "--attn", "cascade", "--shutdown-timeout", "120")
+    try:
+        prompt = system_prompt(600)
+        status, _, _ = srv.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 2})
+        check(status == 200, "warm-up")
+        idle = srv.wait_idle()
+        baseline = idle["cascade_kv_bytes"]
+        # The official client gives up after a second and closes its connection: the request is cancelled, its
+        # K/V released, and the counter says so.
+        impatient = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", timeout=1.0, max_retries=0)
+        model = impatient.models.list().data[0].id
+        t0 = time.time()
+        try:
+            impatient.completions.create(model=model, prompt=prompt, max_tokens=3000, extra_body={"ignore_eos": True})
+            fail("3,000 tokens came back within a second")
+        except openai.APITimeoutError:
+            pass
+        m = srv.wait_idle("the cancelled request to end")
+        print(f"client_leaves: the request ended {time.time() - t0:.1f} s after it was sent")
+        check(m["cascade_requests_cancelled_total"] == 1, f"cancelled {m['cascade_requests_cancelled_total']}")
+        check(m["cascade_kv_bytes"] == baseline and m["cascade_kv_reserved_bytes"] == 0, "its K/V went")
+        check(m["cascade_generated_tokens_total"] < 2000, f"{m['cascade_generated_tokens_total']} tokens generated")
+        # A client that leaves while the server drains for SIGTERM does not hold the exit up until its 3,000 tokens.
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=TIMEOUT)
+        data = json.dumps({"prompt": prompt, "max_tokens": 3000, "ignore_eos": True}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(data) + data)
+        deadline = time.time() + TIMEOUT
+        while srv.metrics()["cascade_active_sequences"] < 1:
+            check(time.time() < deadline, "the request never started")
+            time.sleep(0.02)
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        t0 = time.time()
+        s.close()
+        check(srv.proc.wait(TIMEOUT) == 0, "exit code after SIGTERM")
+        took = time.time() - t0
+        print(f"client_leaves: exited {took:.1f} s after the client left")
+        check(took < 10, f"SIGTERM waited {took:.1f} s for a request whose client had left")
+        check(any("every request finished" in line for line in srv.lines), "".join(srv.lines))
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()

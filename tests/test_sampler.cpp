@@ -1,10 +1,15 @@
 // The sampler against direct computations: greedy is the argmax, the filtered distribution is what the
-// definitions in sampler.hpp say, draws follow it within a statistical bound, and streams are reproducible.
+// definitions in sampler.hpp say, draws follow it within a statistical bound, and streams are reproducible;
+// log-probabilities against a log-softmax in double, logit_bias and the penalties against their definitions.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
+#include <numeric>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "cascade/error.hpp"
@@ -200,4 +205,145 @@ TEST_CASE("sampler: logits that differ by rounding give the same draws (interval
   int same = 0;
   for (int i = 0; i < 500; ++i) same += sa.sample(a.data(), 64) == sb.sample(b.data(), 64);
   CHECK(same == 500);
+}
+
+// --- log-probabilities, logit_bias and penalties -----------------------------------------------------------
+
+namespace {
+
+std::vector<float> random_logits(int64_t n, uint32_t seed, float scale = 4.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> l(static_cast<size_t>(n));
+  for (float& x : l) x = d(rng);
+  return l;
+}
+
+// log softmax(l) in double.
+std::vector<double> log_softmax(const std::vector<float>& l) {
+  double mx = -INFINITY;
+  for (float x : l) mx = std::max(mx, double(x));
+  double sum = 0;
+  for (float x : l) sum += std::exp(double(x) - mx);
+  std::vector<double> out;
+  for (float x : l) out.push_back(double(x) - mx - std::log(sum));
+  return out;
+}
+
+// The adjustments of sampler.hpp, written out in double from their definitions: the bias added, then every token
+// of the prompt or the draws divided (positive) or multiplied (otherwise) by r, then c * frequency + presence
+// subtracted for every token drawn c > 0 times.
+std::vector<double> adjusted(const std::vector<float>& l, const SamplerParams& p, const std::vector<int32_t>& prompt,
+                             const std::vector<int32_t>& drawn) {
+  std::vector<double> x(l.begin(), l.end());
+  for (const auto& [id, b] : p.logit_bias) x[size_t(id)] += double(b);
+  std::map<int32_t, int> count;
+  for (int32_t t : drawn) ++count[t];
+  std::vector<bool> seen(l.size(), false);
+  for (int32_t t : prompt) seen[size_t(t)] = true;
+  for (int32_t t : drawn) seen[size_t(t)] = true;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (seen[i]) x[i] = x[i] > 0 ? x[i] / p.repetition_penalty : x[i] * p.repetition_penalty;
+    if (count.count(int32_t(i)))
+      x[i] -= count[int32_t(i)] * double(p.frequency_penalty) + double(p.presence_penalty);
+  }
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("sampler: token_logprob is the log-softmax, with the most probable tokens in order") {
+  for (const int64_t n : {int64_t(1), int64_t(7), int64_t(1000), int64_t(49152)}) {
+    std::vector<float> l = random_logits(n, uint32_t(n));
+    if (n > 10) l[3] = l[5] = l[9] = 40.0f;  // ties at the top: lower ids first
+    const std::vector<double> ref = log_softmax(l);
+    std::vector<int32_t> order(static_cast<size_t>(n));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[size_t(a)] > l[size_t(b)]; });
+    for (const int n_top : {0, 1, 5, 20}) {
+      const int k = int(std::min<int64_t>(n_top, n));
+      const int32_t token = int32_t((n * 7) / 11);
+      const TokenLogprob lp = token_logprob(l.data(), n, token, k);
+      CAPTURE(n);
+      CAPTURE(n_top);
+      CHECK(lp.token == token);
+      CHECK(std::fabs(lp.logprob - ref[size_t(token)]) <= 1e-5 + 1e-6 * std::fabs(ref[size_t(token)]));
+      REQUIRE(lp.top.size() == size_t(k));
+      for (int r = 0; r < k; ++r) {
+        CHECK(lp.top[size_t(r)].first == order[size_t(r)]);
+        CHECK(std::fabs(lp.top[size_t(r)].second - ref[size_t(order[size_t(r)])]) <= 1e-5);
+      }
+    }
+  }
+  const std::vector<float> l = {0.0f, 1.0f};
+  CHECK_THROWS_AS(token_logprob(l.data(), 2, 2, 1), Error);
+  CHECK_THROWS_AS(token_logprob(l.data(), 2, 0, 3), Error);
+}
+
+TEST_CASE("sampler: logit_bias and the penalties change the distribution as their definitions say") {
+  const int64_t n = 300;
+  const std::vector<float> l = random_logits(n, 11, 2.0f);
+  const std::vector<int32_t> prompt = {3, 17, 17, 42, 250, 299};
+  SamplerParams p;
+  p.temp = 1;
+  p.top_k = 0;
+  p.top_p = 1;
+  p.min_p = 0;
+  p.seed = 5;
+  p.repetition_penalty = 1.3f;
+  p.frequency_penalty = 0.4f;
+  p.presence_penalty = 0.7f;
+  p.logit_bias = {{17, 2.5f}, {100, -3.0f}, {7, 1.0f}};
+  Sampler s(p, 0);
+  s.set_prompt(prompt);
+  std::vector<int32_t> drawn;
+  std::vector<float> row = l;
+  for (int step = 0; step < 40; ++step) {
+    // The distribution of the next draw against the reference, then the draw, which leaves the row as it was.
+    const std::vector<double> x = adjusted(l, p, prompt, drawn);
+    double mx = -INFINITY, sum = 0;
+    for (double v : x) mx = std::max(mx, v);
+    for (double v : x) sum += std::exp(v - mx);
+    const auto got = s.distribution(l.data(), n);
+    REQUIRE(got.size() == size_t(n));
+    for (const auto& [id, pr] : got) CHECK(pr == doctest::Approx(std::exp(x[size_t(id)] - mx) / sum).epsilon(1e-5));
+    drawn.push_back(s.sample(row.data(), n));
+    REQUIRE(std::memcmp(row.data(), l.data(), size_t(n) * sizeof(float)) == 0);
+  }
+  // Repeats were drawn, so the penalties were exercised on counts above one.
+  std::map<int32_t, int> count;
+  for (int32_t t : drawn) ++count[t];
+  CHECK(std::max_element(count.begin(), count.end(), [](auto& a, auto& b) { return a.second < b.second; })->second > 1);
+
+  // Greedy takes the argmax of the adjusted logits; the const overload draws what the mutable one does.
+  SamplerParams g = p;
+  g.temp = 0;
+  Sampler a(g, 0), b(g, 0);
+  a.set_prompt(prompt);
+  b.set_prompt(prompt);
+  std::vector<int32_t> seq;
+  for (int step = 0; step < 20; ++step) {
+    const std::vector<double> x = adjusted(l, g, prompt, seq);
+    const int32_t want = int32_t(std::max_element(x.begin(), x.end()) - x.begin());
+    const int32_t got = a.sample(row.data(), n);
+    CHECK(got == want);
+    CHECK(b.sample(static_cast<const float*>(l.data()), n) == got);
+    seq.push_back(got);
+  }
+  CHECK(std::set<int32_t>(seq.begin(), seq.end()).size() > 1);  // the penalties moved greedy off its first choice
+}
+
+TEST_CASE("sampler: invalid penalties and biases are rejected") {
+  SamplerParams p;
+  p.repetition_penalty = 0;
+  CHECK_THROWS_AS(Sampler(p, 0), Error);
+  p = {};
+  p.repetition_penalty = -1;
+  CHECK_THROWS_AS(Sampler(p, 0), Error);
+  p = {};
+  p.frequency_penalty = INFINITY;
+  CHECK_THROWS_AS(Sampler(p, 0), Error);
+  p = {};
+  p.logit_bias = {{1, NAN}};
+  CHECK_THROWS_AS(Sampler(p, 0), Error);
 }

@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -55,6 +57,7 @@ const Loaded& loaded(bool exact_texts = false) {
 // What a request's events amount to.
 struct Answer {
   std::vector<std::string> text, finish;
+  std::vector<std::vector<server::TokenInfo>> tokens;  // per choice, when logprobs were asked for
   server::Usage usage;
   std::string error;
   int status = 0;
@@ -71,9 +74,13 @@ struct Client {
       if (size_t(e.index) >= answer.text.size()) {
         answer.text.resize(size_t(e.index) + 1);
         answer.finish.resize(size_t(e.index) + 1);
+        answer.tokens.resize(size_t(e.index) + 1);
       }
       switch (e.kind) {
-        case Event::Kind::text: answer.text[size_t(e.index)] += e.text; break;
+        case Event::Kind::text:
+          answer.text[size_t(e.index)] += e.text;
+          for (const server::TokenInfo& t : e.tokens) answer.tokens[size_t(e.index)].push_back(t);
+          break;
         case Event::Kind::finish: answer.finish[size_t(e.index)] = e.text; break;
         case Event::Kind::done:
           answer.usage = e.usage;
@@ -100,7 +107,7 @@ GenRequest request(const std::vector<int32_t>& prompt, int n, int max_tokens, fl
 }
 
 std::shared_ptr<Ticket> submit(Engine& e, GenRequest r) {
-  REQUIRE(e.check(r).empty());
+  REQUIRE(e.check(r).ok());
   Engine::Admission why;
   std::shared_ptr<Ticket> t = e.submit(std::move(r), &why);
   REQUIRE(t);
@@ -313,7 +320,7 @@ TEST_CASE("server engine: under a small K/V budget unused prefixes are evicted, 
   for (size_t i = 0; i < prompts.size(); ++i) CHECK(clients[i].answer.text == want[i].answer.text);
   CHECK(e.metrics().evicted_tokens > 0);
   // A request that could never fit is refused up front.
-  CHECK(e.check(request(prompts[0], 2, 300)).find("--kv-budget") != std::string::npos);
+  CHECK(e.check(request(prompts[0], 2, 300)).message.find("--kv-budget") != std::string::npos);
 }
 
 TEST_CASE("server engine: stop strings, max_tokens 0, the queue's bound, requests that cannot fit") {
@@ -342,10 +349,129 @@ TEST_CASE("server engine: stop strings, max_tokens 0, the queue's bound, request
   CHECK(why == Engine::Admission::queue_full);
   CHECK(small.metrics().requests_refused == 1);
 
-  CHECK(e.check(request(prompts[0], 5, 4)).find("-np") != std::string::npos);
-  CHECK(e.check(request(prompts[0], 1, 1024)).find("context") != std::string::npos);
-  CHECK(e.check(request({}, 1, 4)).find("no tokens") != std::string::npos);
-  CHECK(e.check(request({1, 2, int32_t(m.tok.n_vocab())}, 1, 4)).find("vocabulary") != std::string::npos);
+  CHECK(e.check(request(prompts[0], 5, 4)).message.find("-np") != std::string::npos);
+  CHECK(e.check(request(prompts[0], 1, 1024)).message.find("context") != std::string::npos);
+  CHECK(e.check(request({}, 1, 4)).message.find("no tokens") != std::string::npos);
+  CHECK(e.check(request({1, 2, int32_t(m.tok.n_vocab())}, 1, 4)).message.find("vocabulary") != std::string::npos);
+}
+
+namespace {
+
+// The logits of every position of `tokens`, from one prefill pass of its own (f16 K/V, as the engine's):
+// (rows, n_vocab).
+std::vector<float> reference_logits(const llama::Model& model, const std::vector<int32_t>& tokens) {
+  const llama::Hparams& hp = model.hparams();
+  TreeCache cache(int(hp.n_layer), hp.head_shape(), DType::f16);
+  const int seg = cache.add_segment(-1, 0);
+  std::vector<int32_t> pos;
+  std::vector<int64_t> rows;
+  for (size_t i = 0; i < tokens.size(); ++i) pos.push_back(int32_t(i)), rows.push_back(int64_t(i));
+  cache.begin_step({{seg, int64_t(tokens.size()), 0}});
+  std::vector<float> logits;
+  model.forward(tokens, pos, cache, rows, logits);
+  return logits;
+}
+
+}  // namespace
+
+TEST_CASE("server engine: logprobs are the log-softmax of the model's logits; penalties and bias pick the token") {
+  const Loaded& m = loaded(true);
+  const auto prompts = encode_all(m.tok, kPrompts);
+  const int64_t V = m.tok.n_vocab();
+  Engine e(m.model, m.tok, config(AttnMethod::cascade, 4));
+  // Greedy, so the token each step takes is the argmax of the adjusted logits, computed below from the reference.
+  GenRequest r = request(prompts[3], 2, 24);
+  r.logprobs = 5;
+  r.sampling.repetition_penalty = 1.3f;
+  r.sampling.frequency_penalty = 0.3f;
+  r.sampling.presence_penalty = 0.4f;
+  r.sampling.logit_bias = {{m.tok.encode(" the", false)[0], 1.5f}, {m.tok.encode(",", false)[0], -2.0f}};
+  const Answer got = run_one(e, r);
+  const Answer plain = run_one(e, request(prompts[3], 1, 24));
+  CHECK(got.text[0] != plain.text[0]);  // the adjustments changed the text
+  double worst = 0;
+  CHECK(got.text[0] == got.text[1]);  // greedy: both choices agree
+  {
+    const std::vector<server::TokenInfo>& toks = got.tokens[0];
+    REQUIRE(int64_t(toks.size()) == got.usage.completion_tokens / 2);
+    std::vector<int32_t> seq = r.prompt;
+    std::string text;
+    int64_t chars = 0;
+    for (const server::TokenInfo& t : toks) {
+      CHECK(t.byte_offset == int64_t(text.size()));
+      CHECK(t.text_offset == chars);
+      const std::string piece = m.tok.token_piece(t.lp.token);
+      text += piece;
+      for (unsigned char c : piece) chars += (c & 0xC0) != 0x80;
+      seq.push_back(t.lp.token);
+    }
+    CHECK(text == got.text[0]);
+    const std::vector<float> logits = reference_logits(m.model, seq);
+    std::vector<int32_t> drawn;
+    for (size_t k = 0; k < toks.size(); ++k) {
+      CAPTURE(k);
+      const float* row = logits.data() + (r.prompt.size() - 1 + k) * size_t(V);
+      // The reference log-softmax, in double.
+      double mx = -INFINITY, sum = 0;
+      for (int64_t i = 0; i < V; ++i) mx = std::max(mx, double(row[i]));
+      for (int64_t i = 0; i < V; ++i) sum += std::exp(double(row[i]) - mx);
+      const auto ref = [&](int32_t id) { return double(row[id]) - mx - std::log(sum); };
+      const server::TokenInfo& t = toks[k];
+      // (The engine's decode steps and this one prefill pass round differently: 0.0009 at most on AVX-512.)
+      const auto close = [](double a, double b) { return std::fabs(a - b) <= 3e-3 + 1e-3 * std::fabs(b); };
+      CHECK(close(t.lp.logprob, ref(t.lp.token)));
+      worst = std::max(worst, std::fabs(t.lp.logprob - ref(t.lp.token)));
+      REQUIRE(t.lp.top.size() == 5);
+      for (size_t q = 0; q < 5; ++q) {
+        CHECK(close(t.lp.top[q].second, ref(t.lp.top[q].first)));
+        if (q) CHECK(t.lp.top[q].second <= t.lp.top[q - 1].second);
+      }
+      // No token outside the five beats the fifth (beyond rounding).
+      int n_above = 0;
+      for (int64_t i = 0; i < V; ++i) n_above += ref(int32_t(i)) > double(t.lp.top[4].second) + 3e-3;
+      CHECK(n_above <= 4);
+      // The token is the argmax of the logits adjusted as sampler.hpp defines it (within rounding of the best).
+      std::map<int32_t, int> count;
+      for (int32_t d : drawn) ++count[d];
+      const auto adjusted = [&](int32_t id) {
+        double x = row[id];
+        for (const auto& [b_id, b] : r.sampling.logit_bias) x += b_id == id ? b : 0;
+        const bool seen = count.count(id) || std::find(r.prompt.begin(), r.prompt.end(), id) != r.prompt.end();
+        if (seen) x = x > 0 ? x / r.sampling.repetition_penalty : x * r.sampling.repetition_penalty;
+        if (count.count(id)) x -= count[id] * double(r.sampling.frequency_penalty) + r.sampling.presence_penalty;
+        return x;
+      };
+      double best = -INFINITY;
+      for (int64_t i = 0; i < V; ++i) best = std::max(best, adjusted(int32_t(i)));
+      CHECK(adjusted(t.lp.token) >= best - 3e-3);
+      drawn.push_back(t.lp.token);
+    }
+  }
+  MESSAGE("largest logprob difference from the reference: " << worst);
+
+  // A stop string that begins where a token does: the tokens reported are those whose text begins before the
+  // cut (that token not), and the text is theirs.
+  GenRequest s = request(prompts[3], 1, 24);
+  s.logprobs = 0;
+  const Answer full = run_one(e, s);
+  size_t k = 3;
+  const auto at = [&](size_t i) { return size_t(full.tokens[0][i].byte_offset); };
+  while (k + 1 < full.tokens[0].size() &&
+         (at(k + 1) - at(k) < 2 || full.text[0].find(full.text[0].substr(at(k), 2)) != at(k)))
+    ++k;
+  REQUIRE(k + 1 < full.tokens[0].size());
+  s.stop = {full.text[0].substr(at(k), 2)};
+  const Answer cut = run_one(e, s);
+  const std::string& kept = cut.text[0];
+  CHECK(kept == full.text[0].substr(0, full.text[0].find(s.stop[0])));
+  size_t n_before = 0;
+  while (n_before < full.tokens[0].size() && full.tokens[0][n_before].byte_offset < int64_t(kept.size())) ++n_before;
+  CHECK(n_before == k);
+  REQUIRE(cut.tokens[0].size() == n_before);
+  for (size_t k = 0; k < n_before; ++k) {
+    CHECK(cut.tokens[0][k].lp.token == full.tokens[0][k].lp.token);
+    CHECK(cut.tokens[0][k].lp.top.empty());
+  }
 }
 
 TEST_CASE("server engine: draining lets running requests finish, refuses queued ones, and stops the loop") {

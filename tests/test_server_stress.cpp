@@ -65,6 +65,7 @@ struct Ask {
   std::string body;
   int n = 1;
   bool greedy = false, stream = false;
+  bool usage = false;  // streamed: the usage chunk asked for (stream_options.include_usage)
 };
 
 Ask random_ask(std::mt19937_64& rng) {
@@ -80,6 +81,8 @@ Ask random_ask(std::mt19937_64& rng) {
             {"temperature", a.greedy ? 0.0 : 0.9}, {"seed", int(rng() % 1000)}};
   if (rng() % 4 == 0) j["stop"] = json::array({std::string(1, char('a' + rng() % 11))});
   if (rng() % 4 == 0) j["ignore_eos"] = true;
+  a.usage = a.stream && rng() % 2;
+  if (a.usage) j["stream_options"] = {{"include_usage", true}};
   a.body = j.dump();
   return a;
 }
@@ -101,8 +104,9 @@ std::vector<std::string> whole_texts(const std::string& body, int n) {
   return out;
 }
 
-// The text of each choice of a complete stream; fails the test when it is malformed.
-std::vector<std::string> stream_texts(const std::string& sse, int n) {
+// The text of each choice of a complete stream; fails the test when it is malformed, or has a usage chunk when
+// none was asked for or none when one was.
+std::vector<std::string> stream_texts(const std::string& sse, int n, bool want_usage) {
   std::vector<std::string> out(static_cast<size_t>(n));
   std::vector<int> finished(size_t(n), 0);
   size_t at = 0;
@@ -133,7 +137,7 @@ std::vector<std::string> stream_texts(const std::string& sse, int n) {
     else out[size_t(i)] += c.at("text").get<std::string>();
   }
   REQUIRE(done);
-  REQUIRE(usage);
+  REQUIRE(usage == want_usage);
   for (int f : finished) REQUIRE(f == 1);
   return out;
 }
@@ -149,6 +153,7 @@ struct Tally {
 std::string unstreamed(const std::string& body) {
   json j = json::parse(body);
   j["stream"] = false;
+  j.erase("stream_options");
   return j.dump();
 }
 
@@ -205,7 +210,7 @@ void client_loop(server::Api& api, uint64_t seed, Clock::time_point until, Tally
         ++tally.cancelled;
         continue;
       }
-      texts = stream_texts(sse, a.n);
+      texts = stream_texts(sse, a.n, a.usage);
     }
     std::lock_guard lock(tally.mu);
     ++(a.stream ? tally.streamed : tally.whole);

@@ -670,13 +670,15 @@ struct RunResult {
   std::string out, err;
 };
 
-// Runs the tool with a shell command line of arguments; stdout and stderr captured through files.
-RunResult run_tool(const std::string& args) {
+// Runs the tool with a shell command line of arguments (in the folder cwd, when given); stdout and stderr captured
+// through files.
+RunResult run_tool(const std::string& args, const std::string& cwd = {}) {
   const std::string tool = CASCADE_BINARY_DIR "/tools/cascade-tokenize";
   REQUIRE_MESSAGE(std::filesystem::exists(tool), "missing ", tool, " (build the cascade-tokenize target)");
   const std::string dir = std::filesystem::temp_directory_path() / ("cascade-tok-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  const std::string cmd = tool + " " + args + " >" + dir + "/out 2>" + dir + "/err";
+  const std::string cmd =
+      (cwd.empty() ? "" : "cd '" + cwd + "' && ") + tool + " " + args + " >" + dir + "/out 2>" + dir + "/err";
   const int status = std::system(cmd.c_str());
   RunResult r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_file(dir + "/out"), read_file(dir + "/err")};
   std::filesystem::remove_all(dir);
@@ -695,6 +697,14 @@ TEST_CASE("tokenizer: cascade-tokenize prints ids and pieces, and one-line error
   r = run_tool("-m " + model + " -p '<|im_start|>user' --ids");
   CHECK(r.rc == 0);
   CHECK(r.out == "1 4093\n");
+
+  // Without -m, models/SmolLM2-135M-Instruct.Q4_1.gguf under the working folder, as the other tools.
+  const std::filesystem::path path(kModel);
+  if (path.filename() == "SmolLM2-135M-Instruct.Q4_1.gguf" && path.parent_path().filename() == "models") {
+    r = run_tool("-p 'Hello world! 1'", path.parent_path().parent_path().string());
+    CHECK(r.rc == 0);
+    CHECK(r.out == "19556\t'Hello'\n905\t' world'\n17\t'!'\n216\t' '\n33\t'1'\n");
+  }
 
   // A vocabulary-only file; its add_bos_token adds <s> unless --no-bos.
   const std::string spm = "'" + kVectors + "ggml-vocab-llama-spm.gguf'";

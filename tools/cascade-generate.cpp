@@ -2,7 +2,8 @@
 // attention method of your choice.
 //
 //   cascade-generate [-m MODEL.gguf] [-p TEXT | -f FILE] [-n N] [-np N] [-c N] [-t N] [-b N] [--temp T]
-//                    [--top-k K] [--top-p P] [--min-p P] [-s SEED] [--attn auto|cascade|split|unified]
+//                    [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--presence-penalty P]
+//                    [--frequency-penalty F] [-s SEED] [--attn auto|cascade|split|unified]
 //                    [--cost-model FILE] [--recalibrate] [--kv-type f16|bf16|f32] [--chat] [--ignore-eos]
 //                    [--stats-every N] [--stream] [--json]
 //
@@ -69,6 +70,11 @@ constexpr const char* kUsage =
     "  --top-k K             keep the K most likely tokens, 0 = all (default 40)\n"
     "  --top-p P             nucleus sampling, 1 = off (default 0.95)\n"
     "  --min-p P             drop tokens below P times the top probability, 0 = off (default 0.05)\n"
+    "  --repeat-penalty R    divide (multiply, when negative) the logit of every token in the prompt or\n"
+    "                        generated so far by R, 1 = off (default 1; model/sampler.hpp)\n"
+    "  --presence-penalty P  subtract P from the logit of every token generated so far (default 0)\n"
+    "  --frequency-penalty F subtract F times its count from the logit of every token generated so far\n"
+    "                        (default 0)\n"
     "  -s, --seed N          random seed, -1 = random (default -1)\n"
     "  --attn METHOD         auto (default: cascade, with each shared span attended once for all the\n"
     "                        sequences or folded into them, as a cost model calibrated on this machine\n"
@@ -171,6 +177,12 @@ std::optional<Options> parse_args(int argc, char** argv) {
       o.gen.sampling.top_p = parse_float(a, value(), 0, 1);
     } else if (a == "--min-p") {
       o.gen.sampling.min_p = parse_float(a, value(), 0, 1);
+    } else if (a == "--repeat-penalty") {
+      o.gen.sampling.repetition_penalty = parse_float(a, value(), 1e-3, 1e3);
+    } else if (a == "--presence-penalty") {
+      o.gen.sampling.presence_penalty = parse_float(a, value(), -100, 100);
+    } else if (a == "--frequency-penalty") {
+      o.gen.sampling.frequency_penalty = parse_float(a, value(), -100, 100);
     } else if (a == "-s" || a == "--seed") {
       parse_seed(value(), o);
     } else if (a == "--attn") {

@@ -4,7 +4,7 @@
 //
 //   cascade-server [-m MODEL.gguf] [--host H] [--port P] [-np N] [-c N] [-t N] [-b N] [--queue N]
 //                  [--attn auto|cascade|split|unified] [--kv-budget MIB] [--kv-type f16|bf16|f32] [--api-key KEY]
-//                  [--chat-template NAME|FILE] [--alias NAME] [--http-threads N] [--max-body BYTES]
+//                  [--chat-template NAME|FILE] [--alias NAME] [--max-tokens N] [--http-threads N] [--max-body BYTES]
 //                  [--read-timeout S] [--request-timeout S] [--idle-timeout S] [--shutdown-timeout S]
 //
 // stderr: one line when listening (`cascade-server: listening on http://HOST:PORT ...`), one when stopping.
@@ -69,7 +69,11 @@ constexpr const char* kUsage =
     "  --api-key KEY           require `Authorization: Bearer KEY` (all endpoints but /health)\n"
     "  --chat-template NAME    chatml, llama3, phi3, gemma, mistral, or a file holding a template to recognize\n"
     "                          (default: the model's)\n"
-    "  --alias NAME            the model's name in the API (default: the file's name without .gguf)\n"
+    "  --alias NAME            the model's name in the API (default: the file's name without .gguf); a request\n"
+    "                          naming another model gets 404 model_not_found, so give clients' name here\n"
+    "  --max-tokens N          tokens a request generates when it omits max_tokens, and at most when it asks\n"
+    "                          more (default: no cap but the context; omitted, 16 for completions and 1024 for\n"
+    "                          chat)\n"
     "  --http-threads N        connections served at once (default -np + --queue + 8, at least 16); 64 more\n"
     "                          wait for a thread, the rest in the kernel's listen queue\n"
     "  --max-body BYTES        largest request body; larger ones get 413 (default 4194304)\n"
@@ -86,7 +90,7 @@ struct Options {
   cascade::server::HttpConfig http;
   std::string api_key;
   int64_t kv_budget_mib = 0;
-  int queue = -1, http_threads = 0;
+  int queue = -1, http_threads = 0, max_tokens = 0;
   int shutdown_s = 30;
 };
 
@@ -142,6 +146,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
     } else if (a == "--alias") {
       o.alias = value();
       CASCADE_CHECK(!o.alias.empty(), "--alias needs a name");
+    } else if (a == "--max-tokens") {
+      o.max_tokens = int(parse_int(a, value(), 1, kMaxInt));
     } else if (a == "--http-threads") {
       o.http_threads = int(parse_int(a, value(), 1, 4096));
     } else if (a == "--max-body") {
@@ -218,7 +224,7 @@ int run(int argc, char** argv) {
   if (o.kv_budget_mib > 0) o.engine.kv_budget = o.kv_budget_mib << 20;
   o.engine.max_queue = o.queue >= 0 ? o.queue : 4 * o.engine.n_parallel;
   o.http.n_threads = o.http_threads > 0 ? o.http_threads : std::max(16, o.engine.n_parallel + o.engine.max_queue + 8);
-  cascade::server::ApiConfig api_cfg{model_id(o), o.api_key, chat_template(o, tok)};
+  cascade::server::ApiConfig api_cfg{model_id(o), o.api_key, chat_template(o, tok), o.max_tokens};
 
   // auto's profile: this machine's from the per-machine cache cascade-generate keeps, else calibrated now and
   // kept there (a problem with the cache is a note, never an error).
@@ -242,12 +248,13 @@ int run(int argc, char** argv) {
     kill(getpid(), SIGTERM);  // the listener ended on its own: stop the process too
   });
   const auto& cfg = engine.config();
+  const int n_threads = cfg.n_threads > 0 ? cfg.n_threads : tbb::info::default_concurrency();
   std::fprintf(stderr,
                "cascade-server: listening on http://%s:%d (model %s, -np %d, -c %lld, --attn %s, K/V budget %.0f MiB, "
-               "%d threads%s)\n",
+               "%d thread%s%s)\n",
                o.http.host.c_str(), port, api_cfg.model_id.c_str(), cfg.n_parallel, static_cast<long long>(cfg.n_ctx),
-               cascade::attn_method_name(cfg.attn), double(cfg.kv_budget) / (1 << 20),
-               cfg.n_threads > 0 ? cfg.n_threads : tbb::info::default_concurrency(), profile.c_str());
+               cascade::attn_method_name(cfg.attn), double(cfg.kv_budget) / (1 << 20), n_threads,
+               n_threads == 1 ? "" : "s", profile.c_str());
   std::fflush(stderr);
 
   int sig = 0;

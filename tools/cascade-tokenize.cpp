@@ -1,6 +1,6 @@
 // cascade-tokenize: prints how a model's tokenizer splits a text.
 //
-//   cascade-tokenize -m MODEL.gguf -p TEXT [--ids] [--no-bos]
+//   cascade-tokenize [-m MODEL.gguf] -p TEXT [--ids] [--no-bos]
 //
 // One line per token, `ID<TAB>'PIECE'` (PIECE: the exact bytes the token stands for), or with --ids only
 // the ids, space-separated on one line. Special tokens written in TEXT (e.g. <|im_start|>) are parsed as
@@ -20,14 +20,15 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: cascade-tokenize -m MODEL.gguf -p TEXT [--ids] [--no-bos]\n"
-    "  -m, --model FILE   GGUF file with a tokenizer (a vocabulary-only file is enough)\n"
+    "usage: cascade-tokenize [-m MODEL.gguf] -p TEXT [--ids] [--no-bos]\n"
+    "  -m, --model FILE   GGUF file with a tokenizer, a vocabulary-only file is enough (default\n"
+    "                     models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
     "  -p, --prompt TEXT  text to tokenize\n"
     "  --ids              print only the ids, space-separated on one line\n"
     "  --no-bos           do not add the BOS/EOS tokens the model asks for\n";
 
 struct Options {
-  std::string model;
+  std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::optional<std::string> prompt;
   bool ids_only = false;
   bool add_special = true;
@@ -56,7 +57,6 @@ std::optional<Options> parse_args(int argc, char** argv) {
       cascade::detail::fail("unknown argument '", a, "' (see --help)");
     }
   }
-  CASCADE_CHECK(!o.model.empty(), "no model given (-m MODEL.gguf)");
   CASCADE_CHECK(o.prompt.has_value(), "no text given (-p TEXT)");
   return o;
 }

@@ -21,3 +21,10 @@ def test_version_comes_from_the_cmake_project():
     assert match.group("value") == cascade.__version__
     for pkg in cfg["tool"]["scikit-build"]["wheel"]["packages"]:
         assert (ROOT / pkg / "__init__.py").exists()
+
+
+def test_the_namespace_holds_only_its_own_names():
+    """What the package imports for itself (os, warnings, typing, dataclasses) stays out of `cascade.`."""
+    public = {name for name in vars(cascade) if not name.startswith("_")}
+    assert public == {name for name in cascade.__all__ if not name.startswith("_")}
+    assert cascade.Model.__module__ == cascade.Generation.__module__ == "cascade"
