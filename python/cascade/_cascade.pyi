@@ -90,13 +90,15 @@ class Plan:
     """
     The plan of one step of attention over a tree of K/V segments: made once, run by every layer.
 
-    Plan(segments, paths, n_query=1, *, n_q_heads, n_kv_heads, head_dim, scale=None, method='cascade',
-         cost_model=None, kv_dtype='float16', threads=0)
+    Plan(segments, paths, n_query=1, *, n_q_heads, n_kv_heads, head_dim, scale=None, window=0,
+         method='cascade', cost_model=None, kv_dtype='float16', threads=0)
 
     segments: the segments' lengths in tokens. paths: per sequence, its segment ids from a root to its leaf
     (its keys are those segments' tokens, in order). n_query: query tokens per sequence (an int for all, or
     a list); they are the last positions of the sequence's keys and attend causally. scale: softmax scale
-    (default 1/sqrt(head_dim)). method: 'cascade' (every segment attended once by all the queries below it)
+    (default 1/sqrt(head_dim)). window: a sliding window in keys (0: none): each query row attends only the
+    last `window` keys up to and including its own position, as Gemma 3's and Mistral's windowed layers do.
+    method: 'cascade' (every segment attended once by all the queries below it)
     or 'auto' (each segment shared or folded into its sequences as a cost model predicts faster; cost_model:
     a CostModel, or None to calibrate once per process). kv_dtype: the K/V type auto prices. threads: 0 for
     all of the machine's.
@@ -105,17 +107,17 @@ class Plan:
     n_query[s]).
     """
 
-    def __init__(self, segments: Sequence[int], paths: Sequence[Sequence[int]], n_query: int | Sequence[int] = 1, *, n_q_heads: int, n_kv_heads: int, head_dim: int, scale: float | None = None, method: str = 'cascade', cost_model: CostModel | None = None, kv_dtype: object = 'float16', threads: int = 0) -> None: ...
+    def __init__(self, segments: Sequence[int], paths: Sequence[Sequence[int]], n_query: int | Sequence[int] = 1, *, n_q_heads: int, n_kv_heads: int, head_dim: int, scale: float | None = None, window: int = 0, method: str = 'cascade', cost_model: CostModel | None = None, kv_dtype: object = 'float16', threads: int = 0) -> None: ...
 
     @staticmethod
-    def two_level(n_prefix: int, n_own: Sequence[int], n_query: int = 1, *, n_q_heads: int, n_kv_heads: int, head_dim: int, scale: float | None = None, method: str = 'cascade', cost_model: CostModel | None = None, kv_dtype: object = 'float16', threads: int = 0) -> Plan:
+    def two_level(n_prefix: int, n_own: Sequence[int], n_query: int = 1, *, n_q_heads: int, n_kv_heads: int, head_dim: int, scale: float | None = None, window: int = 0, method: str = 'cascade', cost_model: CostModel | None = None, kv_dtype: object = 'float16', threads: int = 0) -> Plan:
         """
         The common tree: one shared prefix (segment 0, n_prefix tokens) and below it one own segment per
         sequence (segment s + 1, n_own[s] tokens), n_query query tokens per sequence. Options as Plan().
         """
 
     @staticmethod
-    def independent(n_tokens: Sequence[int], n_query: int | Sequence[int] = 1, *, n_q_heads: int, n_kv_heads: int, head_dim: int, scale: float | None = None, method: str = 'cascade', cost_model: CostModel | None = None, kv_dtype: object = 'float16', threads: int = 0) -> Plan:
+    def independent(n_tokens: Sequence[int], n_query: int | Sequence[int] = 1, *, n_q_heads: int, n_kv_heads: int, head_dim: int, scale: float | None = None, window: int = 0, method: str = 'cascade', cost_model: CostModel | None = None, kv_dtype: object = 'float16', threads: int = 0) -> Plan:
         """
         Every sequence on its own: sequence s attends only segment s (n_tokens[s] tokens). Options as Plan().
         """
@@ -165,6 +167,9 @@ class Plan:
 
     @property
     def scale(self) -> float: ...
+
+    @property
+    def window(self) -> int: ...
 
     @property
     def method(self) -> str: ...

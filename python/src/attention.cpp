@@ -231,22 +231,24 @@ struct PyPlan {
 struct PlanOptions {
   int n_q_heads, n_kv_heads, head_dim;
   std::optional<float> scale;
+  int64_t window;
   std::string method;
   std::optional<CostModel> cost_model;
   nb::handle kv_dtype;
   int threads;
 };
 
-PyPlan make_plan(const PlanOptions& o, const std::function<Tree(const HeadShape&, float)>& tree_of) {
+PyPlan make_plan(const PlanOptions& o, const std::function<Tree(const HeadShape&, float, int64_t)>& tree_of) {
   if (o.method != "cascade" && o.method != "auto")
     value_error("method: expected 'cascade' or 'auto', got '", o.method,
                 "' (split and unified are layouts: SplitLayout, UnifiedLayout)");
   if (o.cost_model && o.method != "auto") value_error("cost_model: given with method='", o.method, "' (it is for 'auto')");
   if (o.threads < 0) value_error("threads: must be >= 0 (0: all), got ", o.threads);
   if (o.scale && !(*o.scale > 0.0f)) value_error("scale: must be positive, got ", *o.scale);
+  if (o.window < 0) value_error("window: must be >= 0 (0: none), got ", o.window);
   const HeadShape shape{o.n_q_heads, o.n_kv_heads, o.head_dim};
   const DType kv_dtype = parse_kv_dtype(o.kv_dtype);
-  Tree tree = tree_of(shape, o.scale.value_or(0.0f));
+  Tree tree = tree_of(shape, o.scale.value_or(0.0f), o.window);
   PyPlan p;
   p.method = o.method;
   p.n_threads = o.threads;
@@ -323,12 +325,14 @@ std::vector<double> time_runs(const PyPlan& p, nb::handle k, nb::handle v, nb::h
 
 constexpr const char* kPlanDoc =
     "The plan of one step of attention over a tree of K/V segments: made once, run by every layer.\n\n"
-    "Plan(segments, paths, n_query=1, *, n_q_heads, n_kv_heads, head_dim, scale=None, method='cascade',\n"
-    "     cost_model=None, kv_dtype='float16', threads=0)\n\n"
+    "Plan(segments, paths, n_query=1, *, n_q_heads, n_kv_heads, head_dim, scale=None, window=0,\n"
+    "     method='cascade', cost_model=None, kv_dtype='float16', threads=0)\n\n"
     "segments: the segments' lengths in tokens. paths: per sequence, its segment ids from a root to its leaf\n"
     "(its keys are those segments' tokens, in order). n_query: query tokens per sequence (an int for all, or\n"
     "a list); they are the last positions of the sequence's keys and attend causally. scale: softmax scale\n"
-    "(default 1/sqrt(head_dim)). method: 'cascade' (every segment attended once by all the queries below it)\n"
+    "(default 1/sqrt(head_dim)). window: a sliding window in keys (0: none): each query row attends only the\n"
+    "last `window` keys up to and including its own position, as Gemma 3's and Mistral's windowed layers do.\n"
+    "method: 'cascade' (every segment attended once by all the queries below it)\n"
     "or 'auto' (each segment shared or folded into its sequences as a cost model predicts faster; cost_model:\n"
     "a CostModel, or None to calibrate once per process). kv_dtype: the K/V type auto prices. threads: 0 for\n"
     "all of the machine's.\n\n"
@@ -391,45 +395,48 @@ void bind_attention(nb::module_& m) {
       .def(
           "__init__",
           [](PyPlan* self, std::vector<int64_t> segments, std::vector<std::vector<int>> paths, CountsArg n_query,
-             int n_q_heads, int n_kv_heads, int head_dim, std::optional<float> scale, std::string method,
-             std::optional<CostModel> cost_model, nb::handle kv_dtype, int threads) {
+             int n_q_heads, int n_kv_heads, int head_dim, std::optional<float> scale, int64_t window,
+             std::string method, std::optional<CostModel> cost_model, nb::handle kv_dtype, int threads) {
             const std::vector<int64_t> nq = query_counts(n_query, paths.size());
-            const PlanOptions o{n_q_heads, n_kv_heads, head_dim, scale, method, cost_model, kv_dtype, threads};
-            new (self) PyPlan(make_plan(o, [&](const HeadShape& shape, float sc) {
-              return Tree::build(shape, segments, paths, nq, sc);
+            const PlanOptions o{n_q_heads, n_kv_heads, head_dim, scale, window, method, cost_model, kv_dtype, threads};
+            new (self) PyPlan(make_plan(o, [&](const HeadShape& shape, float sc, int64_t w) {
+              return Tree::build(shape, segments, paths, nq, sc, w);
             }));
           },
           nb::arg("segments"), nb::arg("paths"), nb::arg("n_query") = 1, nb::kw_only(), nb::arg("n_q_heads"),
-          nb::arg("n_kv_heads"), nb::arg("head_dim"), nb::arg("scale") = nb::none(), nb::arg("method") = "cascade",
+          nb::arg("n_kv_heads"), nb::arg("head_dim"), nb::arg("scale") = nb::none(), nb::arg("window") = 0,
+          nb::arg("method") = "cascade",
           nb::arg("cost_model") = nb::none(), nb::arg("kv_dtype") = "float16", nb::arg("threads") = 0)
       .def_static(
           "two_level",
           [](int64_t n_prefix, std::vector<int64_t> n_own, int64_t n_query, int n_q_heads, int n_kv_heads,
-             int head_dim, std::optional<float> scale, std::string method, std::optional<CostModel> cost_model,
-             nb::handle kv_dtype, int threads) {
-            const PlanOptions o{n_q_heads, n_kv_heads, head_dim, scale, method, cost_model, kv_dtype, threads};
-            return make_plan(o, [&](const HeadShape& shape, float sc) {
-              return Tree::two_level(shape, n_prefix, n_own, n_query, sc);
+             int head_dim, std::optional<float> scale, int64_t window, std::string method,
+             std::optional<CostModel> cost_model, nb::handle kv_dtype, int threads) {
+            const PlanOptions o{n_q_heads, n_kv_heads, head_dim, scale, window, method, cost_model, kv_dtype, threads};
+            return make_plan(o, [&](const HeadShape& shape, float sc, int64_t w) {
+              return Tree::two_level(shape, n_prefix, n_own, n_query, sc, w);
             });
           },
           nb::arg("n_prefix"), nb::arg("n_own"), nb::arg("n_query") = 1, nb::kw_only(), nb::arg("n_q_heads"),
-          nb::arg("n_kv_heads"), nb::arg("head_dim"), nb::arg("scale") = nb::none(), nb::arg("method") = "cascade",
+          nb::arg("n_kv_heads"), nb::arg("head_dim"), nb::arg("scale") = nb::none(), nb::arg("window") = 0,
+          nb::arg("method") = "cascade",
           nb::arg("cost_model") = nb::none(), nb::arg("kv_dtype") = "float16", nb::arg("threads") = 0,
           "The common tree: one shared prefix (segment 0, n_prefix tokens) and below it one own segment per\n"
           "sequence (segment s + 1, n_own[s] tokens), n_query query tokens per sequence. Options as Plan().")
       .def_static(
           "independent",
           [](std::vector<int64_t> n_tokens, CountsArg n_query, int n_q_heads, int n_kv_heads, int head_dim,
-             std::optional<float> scale, std::string method, std::optional<CostModel> cost_model,
+             std::optional<float> scale, int64_t window, std::string method, std::optional<CostModel> cost_model,
              nb::handle kv_dtype, int threads) {
             const std::vector<int64_t> nq = query_counts(n_query, n_tokens.size());
-            const PlanOptions o{n_q_heads, n_kv_heads, head_dim, scale, method, cost_model, kv_dtype, threads};
-            return make_plan(o, [&](const HeadShape& shape, float sc) {
-              return Tree::independent(shape, n_tokens, nq, sc);
+            const PlanOptions o{n_q_heads, n_kv_heads, head_dim, scale, window, method, cost_model, kv_dtype, threads};
+            return make_plan(o, [&](const HeadShape& shape, float sc, int64_t w) {
+              return Tree::independent(shape, n_tokens, nq, sc, w);
             });
           },
           nb::arg("n_tokens"), nb::arg("n_query") = 1, nb::kw_only(), nb::arg("n_q_heads"), nb::arg("n_kv_heads"),
-          nb::arg("head_dim"), nb::arg("scale") = nb::none(), nb::arg("method") = "cascade",
+          nb::arg("head_dim"), nb::arg("scale") = nb::none(), nb::arg("window") = 0,
+          nb::arg("method") = "cascade",
           nb::arg("cost_model") = nb::none(), nb::arg("kv_dtype") = "float16", nb::arg("threads") = 0,
           "Every sequence on its own: sequence s attends only segment s (n_tokens[s] tokens). Options as Plan().")
       .def(
@@ -460,6 +467,7 @@ void bind_attention(nb::module_& m) {
       .def_prop_ro("n_kv_heads", [](const PyPlan& p) { return p.plan.shape().n_kv_heads; })
       .def_prop_ro("head_dim", [](const PyPlan& p) { return p.plan.shape().head_dim; })
       .def_prop_ro("scale", [](const PyPlan& p) { return p.plan.scale(); })
+      .def_prop_ro("window", [](const PyPlan& p) { return p.plan.tree().window(); })
       .def_prop_ro("method", [](const PyPlan& p) { return p.method; })
       .def_prop_ro("threads", [](const PyPlan& p) { return p.n_threads; })
       .def_prop_ro("segments",

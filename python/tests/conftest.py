@@ -15,9 +15,10 @@ MODEL = pathlib.Path(os.environ.get("CASCADE_TEST_MODEL", ROOT / "models" / "Smo
 TOL = {np.float32: (2e-4, 2e-3), np.float16: (2e-3, 4e-3)}
 
 
-def reference_attention(paths, n_query, k, v, q, scale):
+def reference_attention(paths, n_query, k, v, q, scale, window=0):
     """float64 attention of each sequence over the concatenation of its path's segments, its query tokens
     being the last n_query positions of its keys (causal). k[g], v[g]: (tokens, Hkv, D); q: (rows, Hq, D).
+    window > 0: a row attends only the last `window` keys up to its own position.
     Returns o (rows, Hq, D) and lse (rows, Hq), natural log; a row that sees nothing gets (0, -inf)."""
     q = np.asarray(q, dtype=np.float64)
     n_rows, hq, d = q.shape
@@ -34,12 +35,13 @@ def reference_attention(paths, n_query, k, v, q, scale):
             vals = np.repeat(vals, group, axis=1)
         for i in range(nq):
             seen = n_keys - nq + i + 1  # keys at positions <= this token's
+            first = max(0, seen - window) if window else 0
             if seen > 0:
-                s = np.einsum("thd,hd->ht", keys[:seen], q[row]) * scale
+                s = np.einsum("thd,hd->ht", keys[first:seen], q[row]) * scale
                 m = s.max(axis=1, keepdims=True)
                 w = np.exp(s - m)
                 total = w.sum(axis=1, keepdims=True)
-                o[row] = np.einsum("ht,thd->hd", w / total, vals[:seen])
+                o[row] = np.einsum("ht,thd->hd", w / total, vals[first:seen])
                 lse[row] = (m + np.log(total))[:, 0]
             row += 1
     return o, lse

@@ -165,6 +165,8 @@ def test_bad_arguments_name_the_argument(rng):
     q = np.zeros((2, 4, 16), np.float32)
     with pytest.raises(TypeError, match=r"^q: expected float32, float16 or bfloat16 elements, got float64"):
         plan.run(k, v, q.astype(np.float64))
+    with pytest.raises(ValueError, match=r"^window: must be >= 0"):
+        cascade.Plan.two_level(10, [3, 4], n_q_heads=4, n_kv_heads=2, head_dim=16, window=-1)
     with pytest.raises(ValueError, match=r"^q: expected shape \(2, 4, 16\)"):
         plan.run(k, v, q[:1])
     with pytest.raises(TypeError, match=r"^q: expected a NumPy array or a PyTorch CPU tensor, got list"):
@@ -215,6 +217,32 @@ def test_bad_arguments_name_the_argument(rng):
         cascade.CostModel.parse("cascade-cost-model 1\nbogus 1\n")
     with pytest.raises(ValueError, match=r"make_unified: segments mix K/V dtypes"):
         cascade.UnifiedLayout(plan, [k[0], k[1].astype(np.float16), k[2]], [v[0], v[1].astype(np.float16), v[2]])
+
+
+@pytest.mark.parametrize("method", ["cascade", "auto", "split", "unified"])
+def test_sliding_window_against_reference(rng, method, cost_model):
+    hq, hkv, d = 8, 2, 64
+    for trial in range(4):
+        lengths, paths, n_query = random_tree(rng)
+        longest = max(sum(lengths[g] for g in p) for p in paths)
+        window = int(rng.integers(1, max(longest, 1) + 2))  # from one key to more than any sequence has
+        k, v = random_kv(rng, lengths, hkv, d, np.float16)
+        options = dict(n_q_heads=hq, n_kv_heads=hkv, head_dim=d, window=window)
+        if method == "auto":
+            options.update(method="auto", cost_model=cost_model)
+        plan = cascade.Plan(lengths, paths, n_query, **options)
+        assert plan.window == window
+        q = rng.uniform(-1, 1, (plan.n_rows, hq, d)).astype(np.float32)
+        if method == "split":
+            o, lse = cascade.SplitLayout(plan, k, v).run(q)
+        elif method == "unified":
+            o, lse = cascade.UnifiedLayout(plan, k, v).run(q)
+        else:
+            o, lse = plan.run(k, v, q)
+        ref_o, ref_lse = reference_attention(paths, n_query, k, v, q, default_scale(d), window)
+        what = f"{method}: tree {lengths} {paths} {n_query}, window {window}"
+        assert_close(o, ref_o, np.float32, what + " o")
+        assert_close(lse, ref_lse, np.float32, what + " lse")
 
 
 def test_plan_names_its_kernels():
