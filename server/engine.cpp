@@ -32,8 +32,8 @@ struct Engine::Sequence {
   Sampler sampler;
   StopText text;
   int32_t last = -1;  // the last sampled token, which the next step feeds
+  std::vector<int32_t> tokens;  // generated, end-of-generation tokens not counted
   int64_t pos = 0;    // its position
-  int n_tokens = 0;   // generated, end-of-generation tokens not counted
   bool done = false;
   Sequence(int index, const SamplerParams& p, std::vector<std::string> stop)
       : index(index), sampler(p, uint64_t(index)), text(std::move(stop)) {}
@@ -145,7 +145,7 @@ Engine::~Engine() {
   // Whoever still waits learns the request will not finish.
   for (auto* list : {&incoming_, &waiting_, &active_})
     for (auto& a : *list) {
-      std::vector<Event> ev{Event{Event::Kind::error, 0, "the server stopped", 503, {}}};
+      std::vector<Event> ev{Event{Event::Kind::error, 0, "the server stopped", 503, {}, {}}};
       a->ticket->push(ev);
     }
 }
@@ -236,7 +236,7 @@ bool Engine::drain(std::chrono::milliseconds timeout) {
   }
   // Queued requests that did not start are refused; the loop thread owns waiting_, so they are taken there.
   for (auto& a : refused) {
-    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}}};
+    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}, {}}};
     a->ticket->push(ev);
   }
   {
@@ -261,7 +261,7 @@ bool Engine::drain(std::chrono::milliseconds timeout) {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   for (auto& a : waiting_) {
-    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}}};
+    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}, {}}};
     a->ticket->push(ev);
   }
   waiting_.clear();
@@ -286,7 +286,7 @@ void Engine::take_new() {
   }
   if (!draining || waiting_.empty()) return;
   for (auto& a : waiting_) {  // queued requests that did not start are refused
-    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}}};
+    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}, {}}};
     a->ticket->push(ev);
   }
   std::lock_guard lock(mu_);
@@ -299,7 +299,7 @@ void Engine::end_cancelled() {
   int n_dropped = 0;
   std::erase_if(waiting_, [&](const std::unique_ptr<Active>& a) {
     if (!a->ticket->cancelled()) return false;
-    std::vector<Event> ev{Event{Event::Kind::error, 0, "cancelled", 499, {}}};
+    std::vector<Event> ev{Event{Event::Kind::error, 0, "cancelled", 499, {}, {}}};
     a->ticket->push(ev);
     ++n_dropped;
     return true;
@@ -463,7 +463,7 @@ void Engine::start_sequences(Active& a, const float* logits) {
   const int64_t n_vocab = model_.hparams().n_vocab;
   for (Sequence& s : a.seqs) {
     if (r.max_tokens == 0) {
-      a.events.push_back({Event::Kind::finish, s.index, "length", 0, {}});
+      a.events.push_back({Event::Kind::finish, s.index, "length", 0, {}, {}});
       end_sequence(a, s);
       continue;
     }
@@ -479,22 +479,22 @@ void Engine::accept(Active& a, Sequence& s, int32_t tok, std::vector<Event>& ev)
   if (!r.ignore_eos && tok_.is_eog(tok)) {
     reason = "stop";
   } else {
-    ++s.n_tokens;
+    s.tokens.push_back(tok);
     ++a.n_generated;
     ++n_generated_;
     const TokenType type = tok_.token_type(tok);
     const bool stopped =
         s.text.append(type == TokenType::control || type == TokenType::unknown ? std::string() : tok_.token_piece(tok));
     if (stopped) reason = "stop";
-    else if (s.n_tokens >= r.max_tokens || s.pos + 1 >= cfg_.n_ctx) reason = "length";
+    else if (int64_t(s.tokens.size()) >= r.max_tokens || s.pos + 1 >= cfg_.n_ctx) reason = "length";
   }
   std::string delta = s.text.take(!reason.empty());
-  if (!delta.empty()) ev.push_back({Event::Kind::text, s.index, std::move(delta), 0, {}});
+  if (!delta.empty()) ev.push_back({Event::Kind::text, s.index, std::move(delta), 0, {}, {}});
   if (reason.empty()) {
     s.last = tok;
     return;
   }
-  ev.push_back({Event::Kind::finish, s.index, reason, 0, {}});
+  ev.push_back({Event::Kind::finish, s.index, reason, 0, {}, std::move(s.tokens)});
   end_sequence(a, s);
 }
 
@@ -506,7 +506,7 @@ void Engine::end_sequence(Active& a, Sequence& s) {
   --slots_used_;
   if (a.n_live() > 0) return;
   close_request(a);
-  a.events.push_back({Event::Kind::done, 0, {}, 0, {int64_t(a.req.prompt.size()), a.n_generated, a.n_cached}});
+  a.events.push_back({Event::Kind::done, 0, {}, 0, {int64_t(a.req.prompt.size()), a.n_generated, a.n_cached}, {}});
 }
 
 // The request's hold on its prompt goes: its own segment and the pin on the prompt's path.
@@ -537,7 +537,7 @@ void Engine::end_request(Active& a, const std::string& error, int status) {
     close_request(a);
   }
   a.events.clear();
-  a.events.push_back({Event::Kind::error, 0, error, status, {}});
+  a.events.push_back({Event::Kind::error, 0, error, status, {}, {}});
 }
 
 // Pushes every request's events and drops the requests that ended.
@@ -590,7 +590,7 @@ bool Engine::step() {
 void Engine::fail_all(const std::exception& e) {
   for (auto& a : active_) {
     a->events.clear();
-    a->events.push_back({Event::Kind::error, 0, std::string("internal error: ") + e.what(), 500, {}});
+    a->events.push_back({Event::Kind::error, 0, std::string("internal error: ") + e.what(), 500, {}, {}});
     a->state = Active::State::ended;
   }
   finish_requests();
