@@ -2,36 +2,48 @@
 # The study: what attending over other sequences' tokens (unified cache + mask) costs against cascade and
 # split per-sequence streams, and where a shared prefix stops paying. One command regenerates everything:
 #
-#   bench/study.sh [--quick] [--llama-cpp] OUTDIR
+#   bench/study.sh [--quick] [--llama-cpp] [--gemma] [--threads N] OUTDIR
 #
 # OUTDIR/raw/    kernel sweeps (cascade-bench CSV + JSON), re-checks of the points where auto came out over
 #                5% (recheck-*.json), decode runs (cascade-generate JSON), machine.txt
 # OUTDIR/fig/    PNG plots (bench/study_plot.py)
 # OUTDIR/summary.md, summary.json   the numbers docs/study.md quotes
 #
-# Default: about 25 minutes on a quiet 2-core machine (docs/study.md). --quick (CI smoke test): under 3 minutes, small sweeps, a
-# short decode run, no large model. --llama-cpp (not with --quick): the same decode runs by llama.cpp too, in its four
-# configurations (one KV buffer + mask or one stream per sequence, flash attention on or off), built from source by
-# bench/llama-cpp.sh (OUTDIR/raw/llama-cpp-*.json; about 35 minutes more); a missing package or failed build is one
-# line in the log and the study goes on without it. Needs the build (scripts/test.sh or cmake --build build); CASCADE_BUILD
-# points at another build folder. The random-weight Llama 3.2 1B-shaped model is written to OUTDIR and
-# deleted after its run (it is large and regenerated in seconds).
+# Default: about 25 minutes on a quiet 2-core machine (docs/study.md). --quick (CI smoke test): under 3 minutes,
+# small sweeps, a short decode run, no large model. --llama-cpp (not with --quick): the same decode runs by
+# llama.cpp too, in its four configurations (one KV buffer + mask or one stream per sequence, flash attention on or
+# off), built from source by bench/llama-cpp.sh (OUTDIR/raw/llama-cpp-*.json; about 35 minutes more); a missing
+# package or failed build is one line in the log and the study goes on without it. With --llama-cpp, Gemma 3 270M
+# (models/gemma-3-270m-q4_k_m.gguf, `bash scripts/setup.sh --models`) runs beside llama.cpp too when the file is
+# there (a log line when it is not): cascade --attn auto and llama.cpp's four configurations at 8 sequences x
+# 2,048 tokens and 32 x 512 (about 40 minutes more). --gemma: those Gemma points alone (the file must be there),
+# no sweeps and no other model. --threads N: the decode runs of both engines on N threads (default: all the
+# machine's). Needs the build (scripts/test.sh or cmake --build build); CASCADE_BUILD points at another build
+# folder. The random-weight Llama 3.2 1B-shaped model is written to OUTDIR and deleted after its run (it is large
+# and regenerated in seconds).
 set -euo pipefail
 
 quick=0
 llama=0
+gemma_only=0
+threads="$(nproc 2>/dev/null || echo 2)"
 out=""
-for a in "$@"; do
-  case "$a" in
+while [ $# -gt 0 ]; do
+  case "$1" in
     --quick) quick=1 ;;
     --llama-cpp) llama=1 ;;
-    -h|--help) sed -n 2,20p "$0"; exit 0 ;;
-    -*) echo "study.sh: unknown flag '$a'" >&2; exit 2 ;;
-    *) out="$a" ;;
+    --gemma) gemma_only=1; llama=1 ;;
+    --threads)
+      [ $# -ge 2 ] && [[ "$2" =~ ^[1-9][0-9]*$ ]] || { echo "study.sh: --threads needs a count >= 1" >&2; exit 2; }
+      threads="$2"; shift ;;
+    -h|--help) sed -n 2,23p "$0"; exit 0 ;;
+    -*) echo "study.sh: unknown flag '$1'" >&2; exit 2 ;;
+    *) out="$1" ;;
   esac
+  shift
 done
-[ -n "$out" ] || { echo "usage: bench/study.sh [--quick] [--llama-cpp] OUTDIR" >&2; exit 2; }
-[ "$quick" = 0 ] || [ "$llama" = 0 ] || { echo "study.sh: --llama-cpp is not for --quick" >&2; exit 2; }
+[ -n "$out" ] || { echo "usage: bench/study.sh [--quick] [--llama-cpp] [--gemma] [--threads N] OUTDIR" >&2; exit 2; }
+[ "$quick" = 0 ] || [ "$llama" = 0 ] || { echo "study.sh: --llama-cpp and --gemma are not for --quick" >&2; exit 2; }
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${CASCADE_BUILD:-$root/build}"
@@ -39,6 +51,7 @@ bench="$build/bench/cascade-bench"
 gen="$build/tools/cascade-generate"
 mkrandom="$build/bench/make-random-llama"
 model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+gemma="$root/models/gemma-3-270m-q4_k_m.gguf"
 prompt="$root/bench/study_prompt.txt"   # one line, 1,231 tokens with SmolLM2's tokenizer
 
 if [ ! -x "$bench" ] || [ ! -x "$gen" ] || [ ! -x "$mkrandom" ]; then
@@ -47,6 +60,8 @@ if [ ! -x "$bench" ] || [ ! -x "$gen" ] || [ ! -x "$mkrandom" ]; then
   cmake --build "$build" -j2 --target cascade-bench cascade-generate make-random-llama >/dev/null
 fi
 [ -f "$model" ] || { echo "study.sh: $model is missing (bash scripts/setup.sh fetches it)" >&2; exit 1; }
+[ "$gemma_only" = 0 ] || [ -f "$gemma" ] ||
+  { echo "study.sh: $gemma is missing (bash scripts/setup.sh --models fetches it)" >&2; exit 1; }
 
 mkdir -p "$out/raw" "$out/fig"
 out="$(cd "$out" && pwd)"
@@ -64,6 +79,7 @@ log() { echo "[study $(( $(date +%s) - t_start ))s] $*" >&2; }
   echo "l3: $(getconf LEVEL3_CACHE_SIZE 2>/dev/null || echo unknown) bytes"
   echo "load at start: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)"
   echo "quick: $quick"
+  echo "threads: $threads"
 } > "$raw/machine.txt"
 
 # --- 1. kernel sweeps: one decode step of attention, every method --------------------------------------
@@ -82,7 +98,9 @@ with open(sys.argv[2], "w", newline="") as f:
         w.writerows(rows)
 EOF
 }
-if [ "$quick" = 1 ]; then
+if [ "$gemma_only" = 1 ]; then
+  :  # no sweeps
+elif [ "$quick" = 1 ]; then
   sweep grid-smollm2-135m --shape smollm2-135m --batch 1,8,32 --prefix 16,1230 --suffix 64 --reps 2
   sweep suffix --shape smollm2-135m --batch 8 --prefix 1230 --suffix 16,512 --reps 2
   sweep dtype --shape llama3-8b --batch 8 --prefix 1230 --suffix 64 --kv-dtype f32,f16,bf16 --reps 2
@@ -103,7 +121,7 @@ fi
 recheck_reps=25
 if [ "$quick" = 1 ]; then recheck_reps=5; fi
 n_recheck=0
-while read -r args; do
+[ "$gemma_only" = 1 ] || while read -r args; do
   [ -n "$args" ] || continue
   n_recheck=$((n_recheck + 1))
   log "re-check $args"
@@ -127,17 +145,19 @@ if grep -q -- "--ignore-eos" <<<"$gen_help"; then sampling+=(--ignore-eos); fi
 # so each run's profile is this machine's now and its calibration time is reported, as before the cache.
 recalibrate=()
 if grep -q -- "--recalibrate" <<<"$gen_help"; then recalibrate=(--recalibrate); fi
-decode() {  # name, model, n_parallel, n_predict
-  local name="$1" m="$2" np="$3" n="$4" attn extra
-  for attn in $gen_methods; do
+decode() {  # name, model, n_parallel, n_predict[, methods (default: every one)]
+  local name="$1" m="$2" np="$3" n="$4" meths="${5:-$gen_methods}" attn extra
+  for attn in $meths; do
     log "decode $name --attn $attn (-np $np -n $n)"
     extra=()
     if [ "$attn" = auto ]; then extra=("${recalibrate[@]}"); fi
-    "$gen" -m "$m" -f "$prompt" -np "$np" -n "$n" "${sampling[@]}" --attn "$attn" "${extra[@]}" --json \
+    "$gen" -m "$m" -f "$prompt" -np "$np" -n "$n" -t "$threads" "${sampling[@]}" --attn "$attn" "${extra[@]}" --json \
       > "$raw/decode-$name-$attn.json" 2> "$raw/decode-$name-$attn.log"
   done
 }
-if [ "$quick" = 1 ]; then
+if [ "$gemma_only" = 1 ]; then
+  :  # the Gemma points below
+elif [ "$quick" = 1 ]; then
   decode smollm2-135m-np8 "$model" 8 24
 else
   decode smollm2-135m-np8 "$model" 8 2320
@@ -151,26 +171,43 @@ else
   decode llama3.2-1b-4l-np8 "$big" 8 320
   rm -f "$big"
 fi
+# Gemma 3 270M (--llama-cpp, where the file is there; --gemma): cascade's default method only, beside llama.cpp.
+# Its tokenizer makes the prompt a few tokens longer or shorter than SmolLM2's (the summary gives its length).
+run_gemma=0
+if [ "$llama" = 1 ] && [ -f "$gemma" ]; then
+  run_gemma=1
+  decode gemma3-270m-np8 "$gemma" 8 2048 auto
+  decode gemma3-270m-np32 "$gemma" 32 512 auto
+elif [ "$llama" = 1 ]; then
+  log "Gemma 3 270M skipped: $gemma is missing (bash scripts/setup.sh --models fetches it)"
+fi
 # --- 2b. llama.cpp beside cascade (--llama-cpp) -----------------------------------------------------------
 # The same model, prompt, sampling and thread count through llama.cpp's C API (bench/llama-cpp-client.cpp):
 # prompt once, copied to the other sequences, one token per sequence per step.
 if [ "$llama" = 1 ]; then
   log "llama.cpp: building (bench/llama-cpp.sh)"
   if client_log=$("$root/bench/llama-cpp.sh" --build-only 2>&1); then
-    llama_run() {  # name, n_parallel, n_predict
-      local name="$1" np="$2" n="$3" cfg
+    llama_run() {  # name, model, n_parallel, n_predict
+      local name="$1" m="$2" np="$3" n="$4" cfg
       for cfg in unified unified+fa streams streams+fa; do
         local unified=0 fa=0
         case "$cfg" in unified*) unified=1 ;; esac
         case "$cfg" in *+fa) fa=1 ;; esac
         log "llama.cpp $name $cfg (-np $np -n $n)"
-        "$root/bench/llama-cpp.sh" -m "$model" -f "$prompt" -np "$np" -n "$n" -t "$(nproc)" --temp 1.5 -s 42 \
-          --kv-unified "$unified" --flash-attn "$fa" > "$raw/llama-cpp-$name-$cfg.json" 2> "$raw/llama-cpp-$name-$cfg.log" ||
-          { log "llama.cpp $name $cfg failed (see $raw/llama-cpp-$name-$cfg.log)"; rm -f "$raw/llama-cpp-$name-$cfg.json"; }
+        local base="$raw/llama-cpp-$name-$cfg"
+        "$root/bench/llama-cpp.sh" -m "$m" -f "$prompt" -np "$np" -n "$n" -t "$threads" --temp 1.5 -s 42 \
+          --kv-unified "$unified" --flash-attn "$fa" > "$base.json" 2> "$base.log" ||
+          { log "llama.cpp $name $cfg failed (see $base.log)"; rm -f "$base.json"; }
       done
     }
-    llama_run smollm2-135m-np8 8 2320
-    llama_run smollm2-135m-np32 32 512
+    if [ "$gemma_only" = 0 ]; then
+      llama_run smollm2-135m-np8 "$model" 8 2320
+      llama_run smollm2-135m-np32 "$model" 32 512
+    fi
+    if [ "$run_gemma" = 1 ]; then
+      llama_run gemma3-270m-np8 "$gemma" 8 2048
+      llama_run gemma3-270m-np32 "$gemma" 32 512
+    fi
   else
     log "llama.cpp skipped: $(echo "$client_log" | tail -1)"
   fi

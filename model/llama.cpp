@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <list>
 #include <optional>
 #include <set>
 #include <string>
@@ -30,13 +31,17 @@ std::string shape_str(const std::vector<int64_t>& ne) {
   return s + "]";
 }
 
+// Matrices the loader rewrote in another type (Q5_0 widened to Q8_0): each buffer stays where it is while the
+// list lives.
+using Widened = std::list<std::vector<uint8_t>>;
+
 // The tensors of a file, handed out by name and shape; remembers which were taken, so that what is left can be
 // refused (a tensor the runtime does not use would be a part of the model silently left out).
 class Tensors {
  public:
   // base: where the bytes of the file's first tensor are (the file itself, or a copy of its data section from
-  // there on); every matrix views base + its offset from that tensor.
-  Tensors(const gguf::File& f, const uint8_t* base) : f_(f), base_(base) {}
+  // there on); every matrix views base + its offset from that tensor, or a buffer of widened() for a Q5_0 one.
+  Tensors(const gguf::File& f, const uint8_t* base) : f_(f), base_(base), widened_(std::make_shared<Widened>()) {}
 
   bool has(const std::string& name) const { return f_.find_tensor(name) != nullptr; }
   const std::string& file_name() const { return f_.name(); }
@@ -45,12 +50,18 @@ class Tensors {
   Linear matrix(const std::string& name, int64_t n_in, int64_t n_out) {
     return rows(name, n_in, n_out, 0, n_out);
   }
-  // Rows [first, first + n) of a 2-D tensor of n_out rows (a block of a fused matrix).
+  // Rows [first, first + n) of a 2-D tensor of n_out rows (a block of a fused matrix). Q5_0 rows are widened to
+  // Q8_0, the same values (quant.hpp), since the linear layers have no Q5_0 product.
   Linear rows(const std::string& name, int64_t n_in, int64_t n_out, int64_t first, int64_t n) {
-    const gguf::TensorInfo& t = take(name, {n_in, n_out});
+    const gguf::TensorInfo& t = take(name, {n_in, n_out}, /*widen=*/true);
     try {
       const uint8_t* at = base_ + (f_.tensor_data(t) - f_.tensor_data(f_.tensors().front()));
-      return linear::Matrix::view(t.type, at + uint64_t(first) * gguf::row_bytes(t.type, n_in), n_in, n);
+      at += uint64_t(first) * gguf::row_bytes(t.type, n_in);
+      if (t.type != gguf::TensorType::Q5_0) return linear::Matrix::view(t.type, at, n_in, n);
+      const int64_t n_blocks = n * (n_in / gguf::block_size(t.type));  // row_bytes checked whole blocks
+      std::vector<uint8_t>& q8 = widened_->emplace_back(size_t(n_blocks) * gguf::block_bytes(gguf::TensorType::Q8_0));
+      gguf::widen_q5_0_to_q8_0(at, q8.data(), n_blocks);
+      return linear::Matrix::view(gguf::TensorType::Q8_0, q8.data(), n_in, n);
     } catch (const Error& e) {
       detail::fail(f_.name(), ": tensor '", name, "': ", e.what());
     }
@@ -65,6 +76,8 @@ class Tensors {
   std::vector<float> optional_vector(const std::string& name, int64_t n) {
     return has(name) ? vector(name, n) : std::vector<float>();
   }
+  // The buffers of the widened matrices, which the model keeps.
+  std::shared_ptr<const Widened> widened() const { return widened_; }
   // Every tensor of the file was taken.
   void check_all_used() const {
     for (const gguf::TensorInfo& t : f_.tensors())
@@ -73,13 +86,14 @@ class Tensors {
   }
 
  private:
-  const gguf::TensorInfo& take(const std::string& name, const std::vector<int64_t>& ne) {
+  // widen: a Q5_0 tensor is accepted (a matrix, which rows() widens).
+  const gguf::TensorInfo& take(const std::string& name, const std::vector<int64_t>& ne, bool widen = false) {
     const gguf::TensorInfo* t = f_.find_tensor(name);
     CASCADE_CHECK(t != nullptr, f_.name(), ": missing tensor '", name, "'");
     CASCADE_CHECK(t->ne == ne, f_.name(), ": tensor '", name, "' has shape ", shape_str(t->ne), ", expected ",
                   shape_str(ne), " from the hyperparameters");
-    CASCADE_CHECK(gguf::can_dequantize(t->type), f_.name(), ": tensor '", name, "' has type ",
-                  gguf::type_name(t->type), ", which this runtime cannot read");
+    CASCADE_CHECK(gguf::can_dequantize(t->type) || (widen && t->type == gguf::TensorType::Q5_0), f_.name(),
+                  ": tensor '", name, "' has type ", gguf::type_name(t->type), ", which this runtime cannot read");
     used_.insert(name);
     return *t;
   }
@@ -87,6 +101,7 @@ class Tensors {
   const gguf::File& f_;
   const uint8_t* base_;
   std::set<std::string> used_;
+  std::shared_ptr<Widened> widened_;
 };
 
 // Q, K and V: three matrices with optional biases, or one fused matrix (attn_qkv) of their rows in that order,
@@ -312,7 +327,11 @@ size_t Model::weight_bytes() const {
 
 uint64_t Model::bytes_needed(const gguf::File& f) {
   uint64_t n = 0;
-  for (const gguf::TensorInfo& t : f.tensors()) n += t.n_bytes;
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    n += t.n_bytes;
+    if (t.type == gguf::TensorType::Q5_0)  // and its widened copy
+      n += t.n_bytes / gguf::block_bytes(t.type) * gguf::block_bytes(gguf::TensorType::Q8_0);
+  }
   return n;
 }
 
@@ -341,6 +360,7 @@ Model Model::load_from(const gguf::File& f, const uint8_t* base, LinearPath path
   // instead of allocating every layer up front.
   for (int64_t il = 0; il < hp.n_layer; ++il) w.layers.push_back(load_layer(ts, hp, il));
   ts.check_all_used();
+  m.widened_ = ts.widened();
   m.set_context_length(hp.n_ctx_train);
   return m;
 }

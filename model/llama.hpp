@@ -20,8 +20,9 @@
 // `rope.scaling.factor`, `rope.scaling.attn_factor` and `rope.scaling.original_context_length` (longrope, or phi3:
 // long and short factor tensors).
 //
-// Weights stay as the file stores them (every type quant.hpp reads): a linear layer is a linear::Matrix viewing
-// the tensor's bytes, (n_out, n_in) row-major as GGUF stores it, so y = W x is a dot of each row with x; a step's
+// Weights stay as the file stores them (every type quant.hpp reads; Q5_0 matrices are widened to Q8_0 at load, the
+// same values, since the linear layers have no Q5_0 product): a linear layer is a linear::Matrix viewing the
+// tensor's bytes, (n_out, n_in) row-major as GGUF stores it, so y = W x is a dot of each row with x; a step's
 // tokens are stacked into a matrix and multiplied at once, Y (n_tokens, n_out) = X (n_tokens, n_in) W^T
 // (linear.hpp: activations quantized once per layer input, integer dot products). A fused matrix (phi3's QKV,
 // gate-and-up) is viewed as its row blocks, one Matrix each. Norm vectors and biases are copied, as f32. The
@@ -181,7 +182,7 @@ class Model {
   // bytes in place (a memory-mapped file: no copy, pages touched once at load so the first step does not fault).
   static Model load(const gguf::File& file, LinearPath path = LinearPath::quantized);
   static Model load(std::shared_ptr<const gguf::File> file, LinearPath path = LinearPath::quantized);
-  // Bytes the weights of a file take once loaded: the tensors' own.
+  // Bytes the weights of a file take once loaded: the tensors' own, and a Q8_0 copy of each Q5_0 one.
   static uint64_t bytes_needed(const gguf::File& file);
 
   // RoPE factors chosen for a context of n_ctx tokens per sequence, as llama.cpp chooses them: the long ones when
@@ -208,6 +209,7 @@ class Model {
   Weights w_;
   LinearPath path_ = LinearPath::quantized;
   std::shared_ptr<const void> bytes_;  // what the matrices view: the File, or a copy of its tensors
+  std::shared_ptr<const void> widened_;  // and the Q5_0 matrices widened to Q8_0 (Tensors::rows)
   RopeTable rope_, rope_swa_;          // for the full-attention layers, for the sliding-window layers
   int64_t n_ctx_ = 0;                  // the context the RoPE factors were chosen for
 };

@@ -328,4 +328,21 @@ float dot_row(TensorType t, const void* row, const float* x, int64_t n) {
   return s;
 }
 
+void widen_q5_0_to_q8_0(const void* src, void* dst, int64_t n_blocks) {
+  CASCADE_CHECK(n_blocks >= 0, "widen_q5_0_to_q8_0: ", n_blocks, " blocks");
+  const auto* in = static_cast<const uint8_t*>(src);
+  auto* out = static_cast<uint8_t*>(dst);
+  for (int64_t k = 0; k < n_blocks; ++k, in += 22, out += 34) {
+    const uint32_t qh = uint32_t(in[2]) | uint32_t(in[3]) << 8 | uint32_t(in[4]) << 16 | uint32_t(in[5]) << 24;
+    out[0] = in[0];  // d, the same f16
+    out[1] = in[1];
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (in[6 + j] & 0x0f) | int((qh >> j) & 1u) << 4;
+      const int hi = (in[6 + j] >> 4) | int((qh >> (j + 16)) & 1u) << 4;
+      out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(lo - 16));
+      out[2 + 16 + j] = static_cast<uint8_t>(static_cast<int8_t>(hi - 16));
+    }
+  }
+}
+
 }  // namespace cascade::gguf

@@ -41,7 +41,8 @@ float bf16_to_fp32(uint16_t h);
 uint16_t fp32_to_bf16(float f);
 
 // Types dequantize_row and dot_row handle: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K. The runtime reads
-// exactly these (model/llama.cpp, model/linear.cpp and the tools ask here).
+// exactly these (model/llama.cpp, model/linear.cpp and the tools ask here), and Q5_0 matrices, which the model's
+// loader widens to Q8_0 (widen_q5_0_to_q8_0 below).
 bool can_dequantize(TensorType t);
 
 // Values per code group: 16 for Q6_K, 32 for Q4_0, Q4_1, Q8_0, Q4_K, Q5_K; 0 for any other type.
@@ -60,5 +61,12 @@ void dequantize_row(TensorType t, const void* src, float* dst, int64_t n);
 
 // sum over k < n of row[k] * x[k], row stored as type t. Same contract as dequantize_row.
 float dot_row(TensorType t, const void* row, const float* x, int64_t n);
+
+// Q5_0 blocks as Q8_0 blocks holding the same values exactly, for the linear layers, which have no Q5_0 product:
+//   q5_0  32 values, 22 bytes: f16 d, u32 qh, u8 qs[16]
+//         y[j] = (lo(qs[j]) + 16 bit_j(qh) - 16) d,  y[j+16] = (hi(qs[j]) + 16 bit_{j+16}(qh) - 16) d
+// A Q5_0 code minus 16 lies in [-16, 15], an int8, and d is kept as it is: dst's blocks (34 bytes each) are
+// bit-exact Q8_0 encodings of src's. n_blocks blocks are read from src and written to dst.
+void widen_q5_0_to_q8_0(const void* src, void* dst, int64_t n_blocks);
 
 }  // namespace cascade::gguf

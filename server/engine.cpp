@@ -33,8 +33,8 @@ struct Engine::Sequence {
   Sampler sampler;
   StopText text;
   int32_t last = -1;  // the last sampled token, which the next step feeds
+  std::vector<int32_t> tokens;  // generated, end-of-generation tokens not counted
   int64_t pos = 0;    // its position
-  int n_tokens = 0;   // generated, end-of-generation tokens not counted
   std::vector<TokenInfo> held;  // logprobs: tokens whose text has not begun to go out
   int64_t n_chars = 0;          // logprobs: characters in the text's first n_counted bytes
   size_t n_counted = 0;
@@ -149,7 +149,7 @@ Engine::~Engine() {
   // Whoever still waits learns the request will not finish.
   for (auto* list : {&incoming_, &waiting_, &active_})
     for (auto& a : *list) {
-      std::vector<Event> ev{Event{Event::Kind::error, 0, "the server stopped", 503, {}, {}}};
+      std::vector<Event> ev{Event{Event::Kind::error, 0, "the server stopped", 503, {}, {}, {}}};
       a->ticket->push(ev);
     }
 }
@@ -253,7 +253,7 @@ bool Engine::drain(std::chrono::milliseconds timeout) {
   }
   // Queued requests that did not start are refused; the loop thread owns waiting_, so they are taken there.
   for (auto& a : refused) {
-    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}, {}}};
+    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}, {}, {}}};
     a->ticket->push(ev);
   }
   {
@@ -278,7 +278,7 @@ bool Engine::drain(std::chrono::milliseconds timeout) {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   for (auto& a : waiting_) {
-    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}, {}}};
+    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}, {}, {}}};
     a->ticket->push(ev);
   }
   waiting_.clear();
@@ -303,7 +303,7 @@ void Engine::take_new() {
   }
   if (!draining || waiting_.empty()) return;
   for (auto& a : waiting_) {  // queued requests that did not start are refused
-    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}, {}}};
+    std::vector<Event> ev{Event{Event::Kind::error, 0, "the server is shutting down", 503, {}, {}, {}}};
     a->ticket->push(ev);
   }
   std::lock_guard lock(mu_);
@@ -316,7 +316,7 @@ void Engine::end_cancelled() {
   int n_dropped = 0;
   std::erase_if(waiting_, [&](const std::unique_ptr<Active>& a) {
     if (!a->ticket->cancelled()) return false;
-    std::vector<Event> ev{Event{Event::Kind::error, 0, "cancelled", 499, {}, {}}};
+    std::vector<Event> ev{Event{Event::Kind::error, 0, "cancelled", 499, {}, {}, {}}};
     a->ticket->push(ev);
     ++n_dropped;
     return true;
@@ -486,7 +486,7 @@ void Engine::start_sequences(Active& a, float* logits) {
   const int64_t n_vocab = model_.hparams().n_vocab;
   for (Sequence& s : a.seqs) {
     if (r.max_tokens == 0) {
-      a.events.push_back({Event::Kind::finish, s.index, "length", 0, {}, {}});
+      a.events.push_back({Event::Kind::finish, s.index, "length", 0, {}, {}, {}});
       end_sequence(a, s);
       continue;
     }
@@ -505,7 +505,7 @@ void Engine::accept(Active& a, Sequence& s, int32_t tok, TokenLogprob* lp, std::
   if (!r.ignore_eos && tok_.is_eog(tok)) {
     reason = "stop";
   } else {
-    ++s.n_tokens;
+    s.tokens.push_back(tok);
     ++a.n_generated;
     ++n_generated_;
     if (lp) {
@@ -517,10 +517,10 @@ void Engine::accept(Active& a, Sequence& s, int32_t tok, TokenLogprob* lp, std::
     const bool stopped =
         s.text.append(type == TokenType::control || type == TokenType::unknown ? std::string() : tok_.token_piece(tok));
     if (stopped) reason = "stop";
-    else if (s.n_tokens >= r.max_tokens || s.pos + 1 >= cfg_.n_ctx) reason = "length";
+    else if (int64_t(s.tokens.size()) >= r.max_tokens || s.pos + 1 >= cfg_.n_ctx) reason = "length";
   }
   const bool final = !reason.empty();
-  Event e{Event::Kind::text, s.index, s.text.take(final), 0, {}, {}};
+  Event e{Event::Kind::text, s.index, s.text.take(final), 0, {}, {}, {}};
   // The held tokens whose text begins in what went out; at the end all of them, but those past a stop string's cut.
   const int64_t out = int64_t(final ? s.text.text().size() : s.text.sent());
   const auto goes = [&](const TokenInfo& t) { return t.byte_offset < out || (final && !s.text.stopped()); };
@@ -533,7 +533,7 @@ void Engine::accept(Active& a, Sequence& s, int32_t tok, TokenLogprob* lp, std::
     s.last = tok;
     return;
   }
-  ev.push_back({Event::Kind::finish, s.index, reason, 0, {}, {}});
+  ev.push_back({Event::Kind::finish, s.index, reason, 0, {}, {}, std::move(s.tokens)});
   end_sequence(a, s);
 }
 
@@ -545,7 +545,7 @@ void Engine::end_sequence(Active& a, Sequence& s) {
   --slots_used_;
   if (a.n_live() > 0) return;
   close_request(a);
-  a.events.push_back({Event::Kind::done, 0, {}, 0, {int64_t(a.req.prompt.size()), a.n_generated, a.n_cached}, {}});
+  a.events.push_back({Event::Kind::done, 0, {}, 0, {int64_t(a.req.prompt.size()), a.n_generated, a.n_cached}, {}, {}});
 }
 
 // The request's hold on its prompt goes: its own segment and the pin on the prompt's path.
@@ -576,7 +576,7 @@ void Engine::end_request(Active& a, const std::string& error, int status) {
     close_request(a);
   }
   a.events.clear();
-  a.events.push_back({Event::Kind::error, 0, error, status, {}, {}});
+  a.events.push_back({Event::Kind::error, 0, error, status, {}, {}, {}});
 }
 
 // Pushes every request's events and drops the requests that ended.
@@ -629,7 +629,7 @@ bool Engine::step() {
 void Engine::fail_all(const std::exception& e) {
   for (auto& a : active_) {
     a->events.clear();
-    a->events.push_back({Event::Kind::error, 0, std::string("internal error: ") + e.what(), 500, {}, {}});
+    a->events.push_back({Event::Kind::error, 0, std::string("internal error: ") + e.what(), 500, {}, {}, {}});
     a->state = Active::State::ended;
   }
   finish_requests();

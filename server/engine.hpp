@@ -108,7 +108,8 @@ struct Event {
   std::string text;     // text: new text; finish: the reason ("stop", "length"); error: the message
   int status = 0;       // error: the HTTP status it calls for
   Usage usage;          // done
-  std::vector<TokenInfo> tokens;  // text, when logprobs were asked for: the tokens whose text begins in it
+  std::vector<TokenInfo> tokens;   // text, when logprobs were asked for: the tokens whose text begins in it
+  std::vector<int32_t> token_ids;  // finish: the choice's token ids, in order (no end-of-generation token)
 };
 
 // One request inside the engine, shared by the engine and the thread answering the client.

@@ -98,6 +98,23 @@ std::vector<uint8_t> quantize_q4_1(const std::vector<float>& x, std::vector<doub
   return out;
 }
 
+// The values of n Q5_0 values at b, bit by bit (f16 d, u32 qh, u8 qs[16] a block: value j of a block is
+// (nibble j + 16 bit j of qh - 16) d, nibble j the low nibble of qs[j] for j < 16, the high one of qs[j - 16] after):
+// the runtime has no Q5_0 decode of its own to compare with, it widens them to Q8_0 at load.
+std::vector<float> q5_0_values(const std::vector<uint8_t>& b, size_t n) {
+  std::vector<float> y(n);
+  for (size_t k = 0; k < n / 32; ++k) {
+    const uint8_t* blk = b.data() + 22 * k;
+    const float d = gguf::fp16_to_fp32(uint16_t(blk[0] | blk[1] << 8));
+    const uint32_t qh = uint32_t(blk[2]) | uint32_t(blk[3]) << 8 | uint32_t(blk[4]) << 16 | uint32_t(blk[5]) << 24;
+    for (size_t j = 0; j < 32; ++j) {
+      const int nib = j < 16 ? blk[6 + j] & 15 : blk[6 + j - 16] >> 4;
+      y[32 * k + j] = float(nib + 16 * int((qh >> j) & 1) - 16) * d;
+    }
+  }
+  return y;
+}
+
 // n_out rows of n_in values of a quantized (or f16 / bf16) type t whose values are about uniform in
 // [-amp, amp]: random codes, every scale amp / (largest code), offsets centring the codes.
 std::vector<uint8_t> random_blocks(TensorType t, int n_in, int n_out, float amp, std::mt19937& rng) {
@@ -123,6 +140,7 @@ std::vector<uint8_t> random_blocks(TensorType t, int n_in, int n_out, float amp,
   for (size_t at = 0; at < out.size(); at += bb) {
     switch (t) {
       case TensorType::Q4_0: put(at, amp / 8); break;
+      case TensorType::Q5_0: put(at, amp / 16); break;
       case TensorType::Q8_0: put(at, amp / 128); break;
       case TensorType::Q4_K: case TensorType::Q5_K: {
         // scales and mins of every sub-block: 6-bit fields, here sc = 32 + (random low bits), mn ~ sc * 7.5
@@ -181,7 +199,8 @@ Tiny make_tiny(const Spec& s, uint32_t seed = 1) {
     } else if (s.other != TensorType::F32 && n_in % gguf::block_size(s.other) == 0) {
       const auto q = random_blocks(s.other, n_in, n_out, float(gain / std::sqrt(double(n_in))), rng);
       std::vector<float> back(x.size());
-      gguf::dequantize_row(s.other, q.data(), back.data(), int64_t(x.size()));
+      if (s.other == TensorType::Q5_0) back = q5_0_values(q, x.size());
+      else gguf::dequantize_row(s.other, q.data(), back.data(), int64_t(x.size()));
       m.w.assign(back.begin(), back.end());
       w.add_tensor(name, s.other, {n_in, n_out}, q.data());
     } else {
@@ -449,6 +468,24 @@ TEST_CASE("llama: Q8_0 weights (mixed with f32), untied output, u64 counts, expl
   }
 }
 
+// Q5_0 matrices are widened to Q8_0 at load: the same values, so the f32 path's logits are the double
+// reference's, and the quantized path multiplies them as Q8_0.
+TEST_CASE("llama: Q5_0 weights, widened to Q8_0 at load, against the double reference") {
+  Spec s;
+  s.other = TensorType::Q5_0;
+  const Tiny t = make_tiny(s, 6);
+  {
+    const gguf::File file = gguf::File::from_bytes(t.bytes, "tiny.gguf");
+    const llama::Model m = llama::Model::load(file);
+    CHECK(m.weights().layers[0].wq.type == TensorType::Q8_0);
+    CHECK(m.weights().layers[0].ffn_down.type == TensorType::F32);  // 48 is no block multiple
+  }
+  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::unified}) {
+    CAPTURE(attn_method_name(m));
+    run_scenario(t, m, DType::f32, {1e-4, 1e-4});
+  }
+}
+
 TEST_CASE("llama: Q4_1 weights, a prefill of 37 rows, and one in two passes") {
   Spec s;
   s.q4_1 = true;
@@ -558,8 +595,8 @@ TEST_CASE("llama: the quantized path's logits against the f32 path, every weight
     s.q4_1 = true;
     cases.push_back({"q4_1", s});
   }
-  for (TensorType ty : {TensorType::Q4_0, TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K, TensorType::F16,
-                        TensorType::BF16}) {
+  for (TensorType ty : {TensorType::Q4_0, TensorType::Q5_0, TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K,
+                        TensorType::F16, TensorType::BF16}) {
     Spec s;
     s.other = ty;
     if (gguf::block_size(ty) == 256) s.n_embd = 256, s.n_ff = 512, s.n_head = 4, s.n_head_kv = 2;
@@ -663,8 +700,8 @@ TEST_CASE("llama: errors name the architecture, key or tensor at fault") {
       for (const auto& ti : f.tensors()) {
         if (ti.name == "blk.0.ffn_up.weight") {
           if (variant == 0) continue;
-          std::vector<uint8_t> q5(gguf::row_bytes(TensorType::Q5_0, 32) * 48, 0);
-          w.add_tensor(ti.name, TensorType::Q5_0, ti.ne, q5.data());
+          std::vector<uint8_t> q5(gguf::row_bytes(TensorType::Q5_1, 32) * 48, 0);
+          w.add_tensor(ti.name, TensorType::Q5_1, ti.ne, q5.data());
         } else {
           w.add_tensor(ti.name, ti.type, ti.ne, f.tensor_data(ti));
         }
@@ -675,7 +712,7 @@ TEST_CASE("llama: errors name the architecture, key or tensor at fault") {
       CAPTURE(e);
       CHECK(e.find("blk.0.ffn_up.weight") != std::string::npos);
       if (variant == 0) CHECK(e.find("missing tensor") != std::string::npos);
-      else CHECK(e.find("q5_0") != std::string::npos);
+      else CHECK(e.find("q5_1") != std::string::npos);
     }
   }
   SUBCASE("a missing required key") {

@@ -1,5 +1,5 @@
 // Dequantization: one block per type worked out by hand, K-quants against an independent per-element decode
-// of random blocks, and dot_row against dequantize_row.
+// of random blocks, dot_row against dequantize_row, and Q5_0 widened to Q8_0.
 #include <doctest/doctest.h>
 
 #include <bit>
@@ -125,6 +125,45 @@ TEST_CASE("quant: q4_1 block by hand") {
   for (int j = 0; j < 16; ++j) {
     CHECK(y[j] == 0.5f * j - 1.0f);
     CHECK(y[j + 16] == 0.5f * (15 - j) - 1.0f);
+  }
+}
+
+// Q5_0 (ggml's layout: f16 d, u32 qh, u8 qs[16]; value j is ((nibble j) + 16 (bit j of qh) - 16) d, nibble j the
+// low nibble of qs[j] for j < 16 and the high nibble of qs[j - 16] after) is widened to Q8_0 at load: the Q8_0
+// blocks must hold the same values, here decoded bit by bit from the Q5_0 bytes.
+TEST_CASE("quant: q5_0 widened to q8_0 keeps every value") {
+  // By hand: d = 0.25 (0x3400), qs[j] = j | (15 - j) << 4, qh = 0xF0F0F0F0 (values 4-7, 12-15, ... have bit 4).
+  std::vector<uint8_t> b = {0x00, 0x34, 0xF0, 0xF0, 0xF0, 0xF0};
+  for (int j = 0; j < 16; ++j) b.push_back(static_cast<uint8_t>(j | (15 - j) << 4));
+  std::vector<uint8_t> q8(34);
+  widen_q5_0_to_q8_0(b.data(), q8.data(), 1);
+  auto y = decode(TensorType::Q8_0, q8, 32);
+  CHECK(y[0] == -4.0f);         // (0 - 16) / 4
+  CHECK(y[4] == 1.0f);          // (4 + 16 - 16) / 4
+  CHECK(y[16] == (15 - 16) * 0.25f);
+  CHECK(y[20] == (11 + 16 - 16) * 0.25f);
+
+  // Random blocks, every code and a spread of scales (subnormal, negative, large).
+  std::mt19937 rng(5);
+  const int n_blocks = 64;
+  std::vector<uint8_t> src(size_t(22 * n_blocks));
+  for (auto& x : src) x = static_cast<uint8_t>(rng());
+  const uint16_t scales[] = {0x0001, 0x3C00, 0xBC00, 0x7BFF, 0x2E66, 0x8400};
+  for (int k = 0; k < n_blocks; ++k) put16(src, size_t(22 * k), scales[k % 6]);
+  std::vector<uint8_t> dst(size_t(34 * n_blocks), 0xAA);
+  widen_q5_0_to_q8_0(src.data(), dst.data(), n_blocks);
+  const std::vector<float> got = decode(TensorType::Q8_0, dst, 32 * n_blocks);
+  for (int k = 0; k < n_blocks; ++k) {
+    const uint8_t* blk = src.data() + 22 * k;
+    const float d = fp16_to_fp32(static_cast<uint16_t>(blk[0] | blk[1] << 8));
+    const uint32_t qh = uint32_t(blk[2]) | uint32_t(blk[3]) << 8 | uint32_t(blk[4]) << 16 | uint32_t(blk[5]) << 24;
+    for (int j = 0; j < 32; ++j) {
+      const int nib = j < 16 ? blk[6 + j] & 15 : blk[6 + j - 16] >> 4;
+      const int code = nib + 16 * int((qh >> j) & 1) - 16;
+      CAPTURE(k);
+      CAPTURE(j);
+      REQUIRE(got[size_t(32 * k + j)] == float(code) * d);
+    }
   }
 }
 
