@@ -327,6 +327,12 @@ TEST_CASE("generate: --seed reproduces the text, other seeds give other text, --
                           "\"decode_tokens_per_s\":", "\"attn\":\"cascade\"", "\"attn_share\":", "\"n_prompt_tokens\":",
                           "\"linear_path\":\"", "\"model_bytes\":", "\"rss_after_load_bytes\":"})
     CHECK_MESSAGE(a.out.find(key) != std::string::npos, key);
+  // The attention kernels it names are those its plans choose here: SmolLM2's heads of 64 on f16 K/V.
+  namespace cpu = cascade::cpu;
+  const cascade::Target t = cpu::target(1, 64);
+  const std::string kernels = "\"attention_kernels\":\"shared: " + cpu::kernel_name(t, cpu::kTiledKernel, DType::f16) +
+                              "; per-sequence: " + cpu::kernel_name(t, cpu::kFewRowsKernel, DType::f16) + "\"";
+  CHECK_MESSAGE(a.out.find(kernels) != std::string::npos, kernels);
   CHECK(count_lines(a.out) == 1);
   CHECK(a.out.back() == '\n');
   // The weights stay as the file stores them: the model holds about the file's bytes, and the process after

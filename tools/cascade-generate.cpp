@@ -322,11 +322,20 @@ void check_weights_fit(const cascade::gguf::File& file, uint64_t avail) {
                 ", but only ", gib(double(avail)), " of memory is available");
 }
 
-// What the loaded model takes and which instructions its linear layers run on (--json, startup line).
+// What the loaded model takes and which instructions its linear layers and attention run on (--json, startup line).
 struct ModelFacts {
   const char* linear_path;
+  std::string attention_kernels;  // "shared: avx512 tiled f32; per-sequence: avx512 few-rows f32"
   uint64_t model_bytes, gguf_bytes, rss_after_load;
 };
+
+// The kernels the plans choose for heads of head_dim on K/V of type kv, the shared passes' and the per-sequence ones'.
+std::string attention_kernels(int head_dim, cascade::DType kv) {
+  namespace cpu = cascade::cpu;
+  const cascade::Target t = cpu::target(1, head_dim);
+  return "shared: " + cpu::kernel_name(t, cpu::kTiledKernel, kv) +
+         "; per-sequence: " + cpu::kernel_name(t, cpu::kFewRowsKernel, kv);
+}
 
 // The prompts' token ids (through the chat template with --chat), each leaving room in the context.
 std::vector<std::vector<int32_t>> tokenize_prompts(const Options& o, const cascade::Tokenizer& tok,
@@ -522,7 +531,8 @@ void print_json(const Options& o, const cascade::GenerateResult& r, const std::v
      << ",\"decode_tokens_per_s\":" << json_number(d.tokens_per_s) << ",\"attn_ms\":" << json_number(d.attn_ms)
      << ",\"attn_share\":" << json_number(d.attn_share) << ",\"plan_ms\":" << json_number(d.plan_ms)
      << ",\"plan_share\":" << json_number(d.plan_share) << ",\"kv_tokens\":" << r.kv_tokens
-     << ",\"kv_bytes\":" << r.kv_bytes << ",\"linear_path\":\"" << m.linear_path << "\",\"model_bytes\":"
+     << ",\"kv_bytes\":" << r.kv_bytes << ",\"linear_path\":\"" << m.linear_path
+     << "\",\"attention_kernels\":" << json_string(m.attention_kernels) << ",\"model_bytes\":"
      << m.model_bytes << ",\"gguf_bytes\":" << m.gguf_bytes << ",\"rss_after_load_bytes\":" << m.rss_after_load
      << ",\"rss_peak_bytes\":" << resident_bytes("VmHWM:") << ",\"tree\":[";
   for (size_t i = 0; i < r.tree.nodes.size(); ++i)
@@ -552,7 +562,7 @@ std::string startup_line(const Options& o, size_t n_prompts, int n_threads, cons
                 "linear layers %s, weights %.1f MiB",
                 n_prompts, o.gen.n_parallel, o.gen.n_predict, cascade::attn_method_name(o.gen.attn),
                 cascade::dtype_name(o.gen.kv_dtype), n_threads, m.linear_path, double(m.model_bytes) / (1 << 20));
-  return std::string(head) + profile.describe() + "\n";
+  return std::string(head) + ", attention (" + m.attention_kernels + ")" + profile.describe() + "\n";
 }
 
 // The sequences' texts on stdout, from sequence `first` on (those before it were streamed).
@@ -607,7 +617,8 @@ int run(int argc, char** argv) {
   const uint64_t avail = available_memory();
   check_weights_fit(*file, avail);
   cascade::llama::Model model = cascade::llama::Model::load(file);
-  const ModelFacts facts{cascade::linear::path_name(cascade::linear::active_path()), model.weight_bytes(),
+  const ModelFacts facts{cascade::linear::path_name(cascade::linear::active_path()),
+                         attention_kernels(int(model.hparams().head_dim), o.gen.kv_dtype), model.weight_bytes(),
                          file->size(), resident_bytes("VmRSS:")};
   const int64_t n_ctx = o.gen.n_ctx > 0 ? o.gen.n_ctx : model.hparams().n_ctx_train;
   model.set_context_length(n_ctx);  // long or short RoPE factors, as llama.cpp picks them for -c
