@@ -129,7 +129,7 @@ HeadShape random_shape(Rng& rng) {
 Config random_config(Rng& rng, double budget) {
   Config c;
   c.shape = random_shape(rng);
-  c.dtype = rng.pick<DType>({DType::f32, DType::f16, DType::bf16});
+  c.dtype = test::random_dtype(rng, c.shape.head_dim);
   c.paged = rng.coin();
   const int depth = int(rng.uniform_int(1, 4));
   c.tree = test::random_tree(rng, depth, int(rng.uniform_int(1, 64)));
@@ -185,7 +185,7 @@ TEST_CASE("every head dim 32-256 that models use, every GQA ratio, both storages
     for (auto [nq, nkv] : std::vector<std::pair<int, int>>{{4, 4}, {4, 2}, {6, 2}, {8, 2}, {8, 1}, {5, 1}}) {
       Config c;
       c.shape = {nq, nkv, d};
-      c.dtype = rng.pick<DType>({DType::f32, DType::f16, DType::bf16});
+      c.dtype = test::random_dtype(rng, c.shape.head_dim);
       c.paged = rng.coin();
       c.tree.parent = {-1, 0, 0, 0};
       c.tree.paths = {{0, 1}, {0, 2}, {0, 3}};
@@ -207,7 +207,7 @@ Config fan_out(Rng& rng, const FanOut& k, int64_t p_min, int64_t p_max, int64_t 
   const int n_seq = k.n_seq, n_query = k.n_query;
   Config c;
   c.shape = k.shape;
-  c.dtype = dtype ? *dtype : rng.pick<DType>({DType::f32, DType::f16, DType::bf16});
+  c.dtype = dtype ? *dtype : test::random_dtype(rng, c.shape.head_dim);
   c.paged = rng.coin();
   c.tree.parent.push_back(-1);
   c.seg_len.push_back(rng.uniform_int(p_min, p_max));
@@ -273,7 +273,7 @@ TEST_CASE("edges: empty prefix, empty suffix, empty segments anywhere, batch 1, 
   auto two_level = [&](int64_t prefix, std::vector<int64_t> suffix, int64_t n_query) {
     Config c;
     c.shape = shape;
-    c.dtype = rng.pick<DType>({DType::f32, DType::f16, DType::bf16});
+    c.dtype = test::random_dtype(rng, c.shape.head_dim);
     c.paged = rng.coin();
     c.tree.parent.push_back(-1);
     c.seg_len.push_back(prefix);
@@ -313,7 +313,7 @@ TEST_CASE("chains of segments with the same rows run as one pass, items straddli
   Rng rng(seed);
   Config c;
   c.shape = HeadShape{8, 2, 64};
-  c.dtype = rng.pick<DType>({DType::f32, DType::f16, DType::bf16});
+  c.dtype = test::random_dtype(rng, c.shape.head_dim);
   c.paged = rng.coin();
   // 0 -> 1 -> 2 -> {3, 4}; 3 -> 5. Sequence 0 ends at 5, sequence 1 at 4: segments 0, 1, 2 have both
   // sequences' rows (one pass), 3 and 5 only sequence 0's (one pass), 4 alone.
@@ -449,7 +449,7 @@ TEST_CASE("extreme scores: |s| up to 1e4 stay finite and exact") {
   const uint64_t seed = test::fresh_seed();
   INFO("CASCADE_TEST_SEED=" << seed);
   Rng rng(seed);
-  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+  for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::q8_0}) {
     Config c;
     c.shape = {4, 2, 64};
     c.dtype = dt;

@@ -311,6 +311,8 @@ void run_kernel(const KernelChoice& k, const float* q, int64_t n_rows, int n_hea
                                                       int64_t, const M&, float, float*, float*, Scratch&);         \
   extern template void portable::attend_heads<bf16, M>(const float*, int64_t, int, const KvView&, int, int64_t,   \
                                                        int64_t, const M&, float, float*, float*, Scratch&);        \
+  extern template void portable::attend_heads<Q8Code, M>(const float*, int64_t, int, const KvView&, int, int64_t, \
+                                                         int64_t, const M&, float, float*, float*, Scratch&);      \
   CASCADE_CPU_KERNEL_EXTERN_X86(M)                                                                                \
   extern template void run_kernel<M>(const KernelChoice&, const float*, int64_t, int, const KvView&, int, int64_t, \
                                      int64_t, const M&, float, float*, float*, Scratch&);

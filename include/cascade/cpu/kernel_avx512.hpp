@@ -69,6 +69,10 @@ struct V {
     const reg e = _mm512_add_ps(c, _mm512_shuffle_f32x4(c, c, 0x4E));
     return _mm512_castps512_ps128(_mm512_add_ps(e, _mm512_shuffle_f32x4(e, e, 0xB1)));
   }
+  // 16 int8 codes (q8_0 K/V) as f32.
+  static reg q8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
   template <class T>
   static reg kv(const T* p) {
     if constexpr (std::is_same_v<T, float>) {
