@@ -67,10 +67,12 @@ void check(Rng& rng, const Config& cfg) {
   for (float& x : q) x = rng.uniform(-cfg.amp, cfg.amp);
   std::vector<double> ref_o(static_cast<size_t>(n_out)), ref_lse(static_cast<size_t>(n_lse));
   reference_attention(tree, views, q.data(), ref_o.data(), ref_lse.data());
-  // bf16 products round q: that path gets bf16 queries, and a reference of its own.
-  std::vector<float> q_bf16 = q;
+  // bf16 products round q, int8 products quantize it: those paths get queries on their grid, and a reference of
+  // their own.
+  std::vector<float> q_bf16 = q, q_q8 = q;
   test::round_to_bf16(q_bf16);
-  std::vector<double> ref_o_bf16, ref_lse_bf16;
+  if (cfg.shape.head_dim % kQ8Block == 0) test::round_to_q8_0(q_q8);
+  std::vector<double> ref_o_bf16, ref_lse_bf16, ref_o_q8, ref_lse_q8;
   const cpu::Options opt{cfg.n_threads};
   const SplitLayout split = make_split(tree, views);
   const UnifiedLayout uni = make_unified(tree, views);
@@ -79,15 +81,22 @@ void check(Rng& rng, const Config& cfg) {
     INFO("kernel path " << path.name());
     const test::UsePath use(path);
     const bool rounds = path.rounds_bf16() && cfg.dtype == DType::bf16;
+    const bool quantizes = path.rounds_int8(cfg.shape.head_dim) && cfg.dtype == DType::q8_0;
     if (rounds && ref_o_bf16.empty()) {
       ref_o_bf16.resize(ref_o.size());
       ref_lse_bf16.resize(ref_lse.size());
       reference_attention(tree, views, q_bf16.data(), ref_o_bf16.data(), ref_lse_bf16.data());
     }
-    const float* qp = rounds ? q_bf16.data() : q.data();
-    const std::vector<double>& want_o = rounds ? ref_o_bf16 : ref_o;
-    const std::vector<double>& want_lse = rounds ? ref_lse_bf16 : ref_lse;
-    const double atol_o = kAtol + (rounds ? test::kBf16WeightError : 0.0);  // |v| <= 1
+    if (quantizes && ref_o_q8.empty()) {
+      ref_o_q8.resize(ref_o.size());
+      ref_lse_q8.resize(ref_lse.size());
+      reference_attention(tree, views, q_q8.data(), ref_o_q8.data(), ref_lse_q8.data());
+    }
+    const float* qp = rounds ? q_bf16.data() : quantizes ? q_q8.data() : q.data();
+    const std::vector<double>& want_o = rounds ? ref_o_bf16 : quantizes ? ref_o_q8 : ref_o;
+    const std::vector<double>& want_lse = rounds ? ref_lse_bf16 : quantizes ? ref_lse_q8 : ref_lse;
+    const double atol_o =
+        kAtol + (rounds ? test::kBf16WeightError : quantizes ? test::kInt8WeightError : 0.0);  // |v| <= 1
 
     // The plan runs twice, as it would in two layers: it keeps nothing of a run.
     const Plan plan = cpu::plan(tree, opt);
@@ -471,7 +480,9 @@ TEST_CASE("extreme scores: |s| up to 1e4 stay finite and exact") {
     const Tree tree = Tree::build(c.shape, c.seg_len, c.tree.paths, c.n_query);
     std::vector<float> q(static_cast<size_t>(tree.n_rows() * 4 * 64));
     for (float& x : q) x = rng.uniform(-c.amp, c.amp);
-    test::round_to_bf16(q);  // exact on every path, bf16 products included
+    // exact on every path: bf16 products and int8 products (which quantize q) included
+    if (dt == DType::q8_0) test::round_to_q8_0(q);
+    else test::round_to_bf16(q);
     std::vector<double> ref_o(q.size()), ref_lse(static_cast<size_t>(tree.n_rows() * 4));
     reference_attention(tree, views, q.data(), ref_o.data(), ref_lse.data());
     const UnifiedLayout uni = make_unified(tree, views);

@@ -32,6 +32,7 @@
 #include "cascade/cpu/kernel_bf16.hpp"
 #include "cascade/cpu/kernel_common.hpp"
 #include "cascade/cpu/kernel_portable.hpp"
+#include "cascade/cpu/kernel_q8.hpp"
 #include "cascade/kernel_choice.hpp"
 
 namespace cascade::cpu {
@@ -65,6 +66,11 @@ inline std::atomic<int>& amx_tiles_flag() {
   static std::atomic<int> on{-1};
   return on;
 }
+// -1: not set (the rule in choose_kernel); 0 or 1: set.
+inline std::atomic<int>& int8_products_flag() {
+  static std::atomic<int> on{-1};
+  return on;
+}
 }  // namespace detail
 
 // ---- planning options and the process-wide switches behind their defaults --------------------------------------
@@ -75,12 +81,16 @@ struct KernelOptions {
   int bf16_products = -1;       // bf16 K/V on bf16 products: 1 wherever the CPU has them, 0 never, -1 where they
                                 // are faster than this CPU's f32 FMAs (measured once per process)
   bool amx_tiles = true;        // the tiled kernel's bf16 products on AMX tiles where the process may run them
-  // The process-wide switches as they are now (set_isa_limit, set_bf16_products, set_amx_tiles).
+  int int8_products = -1;       // q8_0 K/V on int8 dot products: 1 wherever the CPU has them, 0 never, -1 where
+                                // choose_kernel's rule says they are faster
+  // The process-wide switches as they are now (set_isa_limit, set_bf16_products, set_amx_tiles,
+  // set_int8_products).
   static KernelOptions process() {
     KernelOptions o;
     o.isa_limit = active_isa();
     o.bf16_products = detail::bf16_products_flag().load(std::memory_order_relaxed);
     o.amx_tiles = detail::amx_tiles_flag().load(std::memory_order_relaxed) != 0;
+    o.int8_products = detail::int8_products_flag().load(std::memory_order_relaxed);
     return o;
   }
 };
@@ -124,6 +134,22 @@ class AmxTiles {
   int saved_;
 };
 
+// q8_0 K/V on int8 dot products (q quantized to int8): by default where choose_kernel's rule takes them.
+// Process-wide, read when a plan is made; Int8Products sets it for one scope (the tests run both).
+inline void set_int8_products(bool on) { detail::int8_products_flag().store(on ? 1 : 0, std::memory_order_relaxed); }
+class Int8Products {
+ public:
+  explicit Int8Products(bool on) : saved_(detail::int8_products_flag().load(std::memory_order_relaxed)) {
+    set_int8_products(on);
+  }
+  ~Int8Products() { detail::int8_products_flag().store(saved_, std::memory_order_relaxed); }
+  Int8Products(const Int8Products&) = delete;
+  Int8Products& operator=(const Int8Products&) = delete;
+
+ private:
+  int saved_;
+};
+
 // ---- the choice ------------------------------------------------------------------------------------------------
 
 // Whether this CPU's AMX tiles may run the tiled kernel's bf16 products under o.
@@ -149,6 +175,11 @@ inline KernelChoice choose_kernel(KernelShape shape, DType dt, int head_dim, con
   KernelChoice c{shape, Isa::portable, Products::f32};
   if (isa == Isa::avx512 && (!few || head_dim % 16 == 0)) c.tier = Isa::avx512;
   else if (isa >= Isa::avx2 && (!few || head_dim % 8 == 0)) c.tier = Isa::avx2;
+  if (dt == DType::q8_0) {
+    if (few && c.tier == Isa::avx512 && cpu_features().avx512_vnni && head_dim % 64 == 0 && o.int8_products != 0)
+      c.products = Products::int8_dot;
+    return c;
+  }
   const bool products_on = o.bf16_products >= 0 ? o.bf16_products == 1 : detail::bf16_products_faster();
   if (dt != DType::bf16 || c.tier != Isa::avx512 || !cpu_features().avx512_bf16 || !products_on) return c;
   if (!few) {
@@ -181,6 +212,8 @@ inline bool kernel_runs_here(const KernelChoice& c, DType dt, int head_dim) {
       return dt == DType::bf16 && c.tier == Isa::avx512 && cpu_features().avx512_bf16 && head_dim % (few ? 32 : 2) == 0;
     case Products::amx_bf16:
       return dt == DType::bf16 && c.tier == Isa::avx512 && !few && head_dim % 32 == 0 && amx_allowed(KernelOptions{});
+    case Products::int8_dot:
+      return dt == DType::q8_0 && c.tier == Isa::avx512 && few && cpu_features().avx512_vnni && head_dim % 64 == 0;
   }
   return false;
 }
@@ -238,6 +271,11 @@ void attend(const KernelChoice& k, const float* q, int64_t n_rows, int n_heads, 
         if (k.products == Products::bf16_dot)
           return cpu::detail::with_head_dim<32>(d, [&]<int NB>() {
             avx512_bf16::few_attend<NB, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+          });
+      if constexpr (std::is_same_v<T, Q8Code>)
+        if (k.products == Products::int8_dot)
+          return cpu::detail::with_head_dim<64>(d, [&]<int NC>() {
+            avx512_vnni::few_attend<NC, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
           });
       return cpu::detail::with_head_dim<16>(d, [&]<int NV>() {
         few_attend<T, NV, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);

@@ -27,22 +27,7 @@ CASCADE_TARGET_AVX512_BF16_BEGIN
 namespace cascade::cpu::avx512_bf16 {
 
 // The drivers, compiled here for the bf16 policies (kernel_driver.inc), on the AVX-512 tier's vector pieces.
-using V = avx512::V;
-using avx512::exp2_neg;
-using avx512::few_mask;
-using avx512::few_softmax;
-using avx512::FewPrefetch;
-using avx512::finish_row;
-using avx512::kFewChunk;
-using avx512::kFewTile;
-using avx512::kLn2;
-using avx512::kLog2e;
-using avx512::kTiledKeys;
-using avx512::prefetch_tile;
-using avx512::RowBlock;
-using avx512::RowBlocks;
-using avx512::TilePrefetch;
-#include "cascade/cpu/kernel_driver.inc"
+#include "cascade/cpu/kernel_driver_avx512.inc"
 
 inline __m512i bcast32(const void* p) {
   int32_t x;
@@ -283,9 +268,7 @@ void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int6
 // take half the instructions of the f32 kernel, with no conversions beside them (where a 512-bit conversion is
 // slow, the f32 kernel spends about as long converting K/V as multiplying: docs/study.md §18).
 
-// The head dim held by lane i (< 32) of a 32-dim block of a P V accumulator: lanes 0-15 come from vpunpcklwd,
-// 16-31 from vpunpckhwd, and in each, lane 4 L + t holds word t (or 4 + t) of the block's 128-bit lane L.
-constexpr int64_t few_pair_dim(int64_t i) { return (i & 15) / 4 * 8 + (i >= 16 ? 4 : 0) + i % 4; }
+using avx512::few_pair_dim;
 
 // Rows per pass of the score loop (R * 4 accumulators), and 32-dim blocks per pass of the P V loop for R rows
 // and NB blocks (0: known at run time, one at a time): as many as fit 24 accumulators, with two key pairs in
