@@ -57,6 +57,7 @@ struct Rng {
 struct Segment {
   std::vector<uint8_t> k, v;
   std::vector<cascade::f16> k_scales, v_scales;  // q8_0 only
+  bool bf16_exact = false;  // q8_0: every element (code times a power-of-two scale) is exact in bf16
   std::vector<int32_t> table;
   cascade::KvView view;
 };
@@ -68,14 +69,23 @@ void fill_random(std::vector<uint8_t>& bytes, int64_t n, Rng& rng, float amp) {
   for (int64_t i = 0; i < n; ++i) p[i] = T(rng.uniform(-amp, amp));
 }
 
-// n q8_0 codes (and n / 32 scales) of random values in [-amp, amp], quantized (n a multiple of 32).
+// n q8_0 codes (and n / 32 scales) of random values in [-amp, amp], each block within its own random fraction of amp,
+// quantized (n a multiple of 32); pow2: each
+// scale then rounded to a power of two, so that every element is exact in bf16 (the bf16-product paths convert
+// q8_0 tiles to bf16).
 inline void fill_random_q8_0(std::vector<uint8_t>& codes, std::vector<cascade::f16>& scales, int64_t n, Rng& rng,
-                             float amp) {
+                             float amp, bool pow2) {
   std::vector<float> x(static_cast<size_t>(n));
-  for (float& e : x) e = rng.uniform(-amp, amp);
+  for (int64_t b = 0; b < n; b += cascade::kQ8Block) {  // each block at its own magnitude: scales differ
+    const float block_amp = amp * rng.uniform(0.05f, 1.0f);
+    for (int64_t i = b; i < b + cascade::kQ8Block; ++i) x[size_t(i)] = rng.uniform(-block_amp, block_amp);
+  }
   codes.assign(static_cast<size_t>(n), 0);
   scales.assign(static_cast<size_t>(n / cascade::kQ8Block), cascade::f16(0.0f));
   cascade::quantize_q8_0(x.data(), n, reinterpret_cast<int8_t*>(codes.data()), scales.data());
+  if (pow2)
+    for (cascade::f16& d : scales)
+      if (float(d) > 0) d = cascade::f16(std::exp2(std::round(std::log2(float(d)))));
 }
 
 // A K/V type at random among those a view of head_dim takes (q8_0: multiples of 32).
@@ -130,8 +140,9 @@ inline std::unique_ptr<Segment> make_segment(Rng& rng, cascade::DType dt, int64_
   n_elems = std::max<int64_t>(n_elems, q8 ? cascade::kQ8Block : 1);
   cascade::dispatch_dtype(dt, [&]<class T>() {
     if constexpr (std::is_same_v<T, cascade::Q8Code>) {
-      fill_random_q8_0(seg->k, seg->k_scales, n_elems, rng, amp);
-      fill_random_q8_0(seg->v, seg->v_scales, n_elems, rng, 1.0f);
+      seg->bf16_exact = rng.coin();
+      fill_random_q8_0(seg->k, seg->k_scales, n_elems, rng, amp, seg->bf16_exact);
+      fill_random_q8_0(seg->v, seg->v_scales, n_elems, rng, 1.0f, seg->bf16_exact);
     } else {
       fill_random<T>(seg->k, n_elems, rng, amp);
       fill_random<T>(seg->v, n_elems, rng, 1.0f);

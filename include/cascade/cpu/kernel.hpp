@@ -168,19 +168,26 @@ inline bool amx_allowed(const KernelOptions& o) {
 //             shape on AMX tiles (head dims a multiple of 32) where allowed, else on vdpbf16ps (even head dims);
 //             the few-rows shape on vdpbf16ps (multiples of 32), except where the tiled one runs on AMX tiles and
 //             vdpbf16ps is slower than the f32 FMAs (as on Sapphire Rapids) unless o asks for bf16
-//             products outright; f32 everywhere else.
+//             products outright; q8_0 K/V: the few-rows shape on int8 dot products on the AVX-512 tier of a CPU
+//             with AVX512_VNNI (head dims a multiple of 64) unless o turns them off, the tiled shape on tiles
+//             converted to bf16 where bf16 K/V would take bf16 products (AMX tiles where allowed, else
+//             vdpbf16ps), on codes times scales in f32 elsewhere (measured: docs/study.md §22); f32 everywhere
+//             else.
 inline KernelChoice choose_kernel(KernelShape shape, DType dt, int head_dim, const KernelOptions& o) {
   const Isa isa = std::min(detected_isa(), o.isa_limit);
   const bool few = shape == KernelShape::few_rows;
   KernelChoice c{shape, Isa::portable, Products::f32};
   if (isa == Isa::avx512 && (!few || head_dim % 16 == 0)) c.tier = Isa::avx512;
   else if (isa >= Isa::avx2 && (!few || head_dim % 8 == 0)) c.tier = Isa::avx2;
+  const bool products_on = o.bf16_products >= 0 ? o.bf16_products == 1 : detail::bf16_products_faster();
   if (dt == DType::q8_0) {
+    if (head_dim % kQ8Block != 0) return c;  // no q8_0 view has such a head dim
     if (few && c.tier == Isa::avx512 && cpu_features().avx512_vnni && head_dim % 64 == 0 && o.int8_products != 0)
       c.products = Products::int8_dot;
+    else if (!few && c.tier == Isa::avx512 && cpu_features().avx512_bf16 && products_on)
+      c.products = amx_allowed(o) ? Products::amx_bf16 : Products::bf16_dot;  // head dims: multiples of 32
     return c;
   }
-  const bool products_on = o.bf16_products >= 0 ? o.bf16_products == 1 : detail::bf16_products_faster();
   if (dt != DType::bf16 || c.tier != Isa::avx512 || !cpu_features().avx512_bf16 || !products_on) return c;
   if (!few) {
     if (amx_allowed(o) && head_dim % 32 == 0) c.products = Products::amx_bf16;
@@ -209,9 +216,11 @@ inline bool kernel_runs_here(const KernelChoice& c, DType dt, int head_dim) {
   switch (c.products) {
     case Products::f32: return true;
     case Products::bf16_dot:
-      return dt == DType::bf16 && c.tier == Isa::avx512 && cpu_features().avx512_bf16 && head_dim % (few ? 32 : 2) == 0;
+      return (dt == DType::bf16 || (dt == DType::q8_0 && !few)) && c.tier == Isa::avx512 &&
+             cpu_features().avx512_bf16 && head_dim % (few ? 32 : 2) == 0;
     case Products::amx_bf16:
-      return dt == DType::bf16 && c.tier == Isa::avx512 && !few && head_dim % 32 == 0 && amx_allowed(KernelOptions{});
+      return (dt == DType::bf16 || dt == DType::q8_0) && c.tier == Isa::avx512 && !few && head_dim % 32 == 0 &&
+             amx_allowed(KernelOptions{});
     case Products::int8_dot:
       return dt == DType::q8_0 && c.tier == Isa::avx512 && few && cpu_features().avx512_vnni && head_dim % 64 == 0;
   }
@@ -255,6 +264,15 @@ void tile_head(Products p, const float* q, int64_t n_rows, const KvView& kv, int
 #endif
     if (p == Products::bf16_dot)
       return avx512_bf16::tile_attend<D, kTileRV, kTileNK, Mask>(q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+  }
+  if constexpr (std::is_same_v<T, Q8Code>) {
+#if defined(CASCADE_AMX_KERNEL)
+    if (p == Products::amx_bf16)
+      return amx::tile_attend_q8<D, Mask>(q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+#endif
+    if (p == Products::bf16_dot)
+      return avx512_bf16::tile_attend_q8<D, kTileRV, kTileNK, Mask>(q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse,
+                                                                     sc);
   }
   tile_attend<T, D, kTileRV, kTileNK, Mask, NarrowTail>(q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse, sc);
 }

@@ -43,14 +43,10 @@ inline void pair_rows(__m512i x, __m512i y, __m512i& lo, __m512i& hi) {
   hi = _mm512_permutex2var_epi16(x, _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16)), y);
 }
 
-// Copies tokens [a, a + n) of bf16 head kvh into kp (n_pad rows of d bf16, the rest zero), and the same
-// tokens of V as key pairs: vp word (jp, i) = V(2jp, i) | V(2jp + 1, i) << 16.
-inline void bf16_panels(const KvView& kv, int kvh, int64_t a, int64_t n, int64_t n_pad, int64_t d, uint16_t* kp,
-                        uint32_t* vp) {
-  const uint16_t* kb = static_cast<const uint16_t*>(kv.k);
+// Tokens [a, a + n) of bf16 head kvh of V as key pairs, n_pad keys (the rest zero): vp word (jp, i) =
+// V(2jp, i) | V(2jp + 1, i) << 16.
+inline void bf16_v_pairs(const KvView& kv, int kvh, int64_t a, int64_t n, int64_t n_pad, int64_t d, uint32_t* vp) {
   const uint16_t* vb = static_cast<const uint16_t*>(kv.v);
-  for (int64_t j = 0; j < n; ++j) std::memcpy(kp + j * d, kb + kv.offset(a + j, kvh), size_t(d) * 2);
-  std::memset(kp + n * d, 0, size_t((n_pad - n) * d) * 2);
   for (int64_t jp = 0; jp < n_pad / 2; ++jp) {
     const int64_t j0 = 2 * jp, j1 = 2 * jp + 1;
     const uint16_t* r0 = j0 < n ? vb + kv.offset(a + j0, kvh) : nullptr;
@@ -66,6 +62,16 @@ inline void bf16_panels(const KvView& kv, int kvh, int64_t a, int64_t n, int64_t
       }
     for (; i < d; ++i) dst[i] = uint32_t(r0 ? r0[i] : 0) | uint32_t(r1 ? r1[i] : 0) << 16;
   }
+}
+
+// Copies tokens [a, a + n) of bf16 head kvh into kp (n_pad rows of d bf16, the rest zero), and the same
+// tokens of V as key pairs into vp (bf16_v_pairs).
+inline void bf16_panels(const KvView& kv, int kvh, int64_t a, int64_t n, int64_t n_pad, int64_t d, uint16_t* kp,
+                        uint32_t* vp) {
+  const uint16_t* kb = static_cast<const uint16_t*>(kv.k);
+  for (int64_t j = 0; j < n; ++j) std::memcpy(kp + j * d, kb + kv.offset(a + j, kvh), size_t(d) * 2);
+  std::memset(kp + n * d, 0, size_t((n_pad - n) * d) * 2);
+  bf16_v_pairs(kv, kvh, a, n, n_pad, d, vp);
 }
 
 // S = Q K^T of one row block (RV registers of 16 rows) against NK keys, unscaled: s[j][v] holds key j's scores

@@ -20,6 +20,12 @@
 //
 // Beyond that, the only rounding is q's: q already on the q8_0 grid (q8_0.hpp's codes times its f16 block scales)
 // is quantized exactly, and S is then the f32 kernel's to the rounding of f32 sums.
+//
+// The shared pass for q8_0 K/V converts each K/V tile to bf16 once (code times scale, rounded to nearest even) and
+// runs the bf16 policies on it: vdpbf16ps (kernel_bf16.hpp) or AMX tiles (kernel_amx.hpp), where bf16 K/V would run
+// on them (choose_kernel). Their rounding is the bf16 kernels' (q and the softmax weights to bf16) plus that of
+// each K/V element to bf16 (a relative 2^-9 at most; none where the scales are powers of two, since a code has 7
+// significant bits). Elsewhere it converts tiles to f32 (the f32 products' Elems<Q8Code>).
 #pragma once
 
 #include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
@@ -29,6 +35,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cascade/cpu/kernel_amx.hpp"
 #include "cascade/cpu/kernel_avx512.hpp"
 #include "cascade/q8_0.hpp"
 
@@ -331,6 +338,105 @@ void few_attend(const float* q, int64_t n_rows, int n_heads, const KvView& kv, i
 }
 
 }  // namespace cascade::cpu::avx512_vnni
+CASCADE_TARGET_END
+
+// ---- the shared pass: tiles converted to bf16 ------------------------------------------------------------------
+
+CASCADE_TARGET_AVX512_BF16_BEGIN
+namespace cascade::cpu::avx512_bf16 {
+
+// 32 bf16 of one q8_0 block: codes times the block's scale, rounded to nearest even.
+CASCADE_ALWAYS_INLINE __m512i q8_block_bf16(const Q8Code* codes, uint16_t scale) {
+  const __m512 sv = _mm512_set1_ps(_cvtsh_ss(scale));
+  const auto part = [&](int h) {
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * h));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c)), sv);
+  };
+  return __m512i(_mm512_cvtne2ps_pbh(part(1), part(0)));
+}
+
+// Tokens [a, a + n) of q8_0 head kvh of K (values: of V) as bf16 rows of d, rows n..n_pad zero; rows `stride`
+// elements apart from dst.
+inline void q8_rows_bf16(const KvView& kv, bool values, int kvh, int64_t a, int64_t n, int64_t n_pad, int64_t d,
+                         uint16_t* dst, int64_t stride) {
+  const avx512::Elems<Q8Code> e(kv, values);
+  for (int64_t j = 0; j < n; ++j) {
+    const Q8Code* row = e.codes + kv.offset(a + j, kvh);
+    const uint16_t* sc = e.scales + kv.scale_offset(a + j, kvh);
+    for (int64_t i = 0; i < d; i += kQ8Block)
+      _mm512_storeu_si512(dst + j * stride + i, q8_block_bf16(row + i, sc[i / kQ8Block]));
+  }
+  for (int64_t j = n; j < n_pad; ++j) std::memset(dst + j * stride, 0, size_t(d) * 2);
+}
+
+// The tiled kernel for q8_0 K/V on vdpbf16ps: TiledBf16 on each tile converted to bf16 (its V key pairs from the
+// converted rows).
+template <int D, int RV, int NK>
+struct TiledQ8Bf16 : TiledBf16<D, RV, NK> {
+  using Base = TiledBf16<D, RV, NK>;
+  uint16_t* rows = nullptr;  // the tile's V rows as bf16, (kTilePad, d)
+  explicit TiledQ8Bf16(const KvView& kv) : Base(kv) {}
+  void begin(const float* q, int64_t n_rows, const RowBlocks& blocks, float scale, Scratch& sc) {
+    Base::begin(q, n_rows, blocks, scale, sc);
+    rows = reinterpret_cast<uint16_t*>(sc.get(7, Base::kTilePad * this->d / 2));
+  }
+  void load_tile(const KvView& kv, int kvh, int64_t a, int64_t n, Scratch&) {
+    const int64_t d = this->d, n_pad = (n + NK - 1) / NK * NK;
+    q8_rows_bf16(kv, false, kvh, a, n, n_pad, d, this->kp, d);
+    q8_rows_bf16(kv, true, kvh, a, n, n, d, rows, d);
+    const bf16* v = reinterpret_cast<const bf16*>(rows);
+    bf16_v_pairs(KvView::contiguous(v, v, n, 1, int(d)), 0, 0, n, n_pad, d, this->vp);
+  }
+};
+
+// The tiled kernel for q8_0 K/V on vdpbf16ps (see run_tiled).
+template <int D, int RV, int NK, class Mask>
+void tile_attend_q8(const float* q, int64_t n_rows, const KvView& kv, int kvh, int64_t t0, int64_t t1,
+                    const Mask& mask, float scale, float* o, float* lse, Scratch& sc) {
+  TiledQ8Bf16<D, RV, NK> p(kv);
+  run_tiled(p, q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+}
+
+}  // namespace cascade::cpu::avx512_bf16
+
+#if defined(CASCADE_AMX_KERNEL)
+namespace cascade::cpu::amx {
+
+// The tiled kernel for q8_0 K/V on AMX tiles: TiledAmx on each tile converted to bf16, its K steps loading from the
+// converted rows (zero-padded to whole steps) and V^T built from them.
+template <int D>
+struct TiledAmxQ8 : TiledAmx<D> {
+  using Base = TiledAmx<D>;
+  uint16_t* k_rows = nullptr;  // the tile's K and V as bf16, (kTileKeys, d) each
+  uint16_t* v_rows = nullptr;
+  explicit TiledAmxQ8(const KvView& kv) : Base(kv) {}
+  void begin(const float* q, int64_t n_rows, const RowBlocks& blocks, float scale, Scratch& sc) {
+    Base::begin(q, n_rows, blocks, scale, sc);
+    k_rows = reinterpret_cast<uint16_t*>(sc.get(5, kTileKeys * this->d));
+    v_rows = k_rows + kTileKeys * this->d;
+  }
+  void load_tile(const KvView& kv, int kvh, int64_t a, int64_t n, Scratch&) {
+    const int64_t d = this->d, n_pad = (n + kStep - 1) / kStep * kStep;
+    avx512_bf16::q8_rows_bf16(kv, false, kvh, a, n, n_pad, d, k_rows, d);
+    avx512_bf16::q8_rows_bf16(kv, true, kvh, a, n, n, d, v_rows, d);
+    this->k_run = k_rows;
+    this->ks = d;
+    this->n_full = n_pad;
+    const bf16* v = reinterpret_cast<const bf16*>(v_rows);
+    v_transposed(KvView::contiguous(v, v, n, 1, int(d)), 0, 0, n, n_pad, d, this->vt);
+  }
+};
+
+// The tiled kernel for q8_0 K/V on AMX tiles (see run_tiled).
+template <int D, class Mask>
+void tile_attend_q8(const float* q, int64_t n_rows, const KvView& kv, int kvh, int64_t t0, int64_t t1,
+                    const Mask& mask, float scale, float* o, float* lse, Scratch& sc) {
+  TiledAmxQ8<D> p(kv);
+  avx512_bf16::run_tiled(p, q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+}
+
+}  // namespace cascade::cpu::amx
+#endif  // CASCADE_AMX_KERNEL
 CASCADE_TARGET_END
 
 #endif  // CASCADE_X86
