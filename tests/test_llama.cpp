@@ -250,8 +250,19 @@ void rope_ref(std::vector<double>& x, int n_heads, int hd, int pos, double base)
     }
 }
 
-// Logits of every position of a token sequence: (n, n_vocab).
-std::vector<std::vector<double>> reference_logits(const Tiny& t, const std::vector<int32_t>& toks) {
+// K or V of one token as a q8_0 cache holds it: its f32 value quantized per block of 32 (quantize_q8_0 above,
+// written apart from the runtime's) and read back.
+void round_to_q8_0(std::vector<double>& x) {
+  std::vector<float> f(x.begin(), x.end());
+  std::vector<double> back;
+  (void)quantize_q8_0(f, back);
+  x = back;
+}
+
+// Logits of every position of a token sequence: (n, n_vocab). q8_kv: attention reads K and V as a q8_0 cache
+// stores them.
+std::vector<std::vector<double>> reference_logits(const Tiny& t, const std::vector<int32_t>& toks,
+                                                  bool q8_kv = false) {
   const Spec& s = t.spec;
   const int hd = s.n_embd / s.n_head, n = int(toks.size()), group = s.n_head / s.n_head_kv;
   std::vector<std::vector<double>> x(static_cast<size_t>(n));
@@ -266,6 +277,10 @@ std::vector<std::vector<double>> reference_logits(const Tiny& t, const std::vect
       v[p] = matvec(l.v, h);
       rope_ref(q[p], s.n_head, hd, p, s.rope_base);
       rope_ref(k[p], s.n_head_kv, hd, p, s.rope_base);
+      if (q8_kv) {
+        round_to_q8_0(k[p]);
+        round_to_q8_0(v[p]);
+      }
     }
     for (int p = 0; p < n; ++p) {
       std::vector<double> att(size_t(s.n_head) * hd, 0.0);
@@ -372,7 +387,8 @@ void run_scenario(const Tiny& t, AttnMethod method, DType dtype, const Tol& tol,
   prompt_a.insert(prompt_a.end(), tail_a.begin(), tail_a.end());
   prompt_b.insert(prompt_b.end(), tail_b.begin(), tail_b.end());
   {
-    const auto ra = reference_logits(t, prompt_a), rb = reference_logits(t, prompt_b);
+    const bool q8 = dtype == DType::q8_0;
+    const auto ra = reference_logits(t, prompt_a, q8), rb = reference_logits(t, prompt_b, q8);
     const int64_t V = hp.n_vocab;
     for (int r = 0; r < S + 3; ++r)
       check_logits(logits.data() + r * V, ra[r], tol, "prefill row " + std::to_string(r));
@@ -403,7 +419,7 @@ void run_scenario(const Tiny& t, AttnMethod method, DType dtype, const Tol& tol,
     for (size_t i = 0; i < rows.size(); ++i) rows[i] = int64_t(i);
     model.forward(tokens, pos, *decode, rows, logits);
     for (size_t r = 0; r < active.size(); ++r) {
-      const auto ref = reference_logits(t, seq_tokens[active[r]]);
+      const auto ref = reference_logits(t, seq_tokens[active[r]], dtype == DType::q8_0);
       check_logits(logits.data() + r * hp.n_vocab, ref.back(), tol,
                    std::string(attn_method_name(method)) + " step " + std::to_string(step) + " sequence " +
                        std::to_string(active[r]));
@@ -510,6 +526,73 @@ TEST_CASE("llama: bf16 cache within the bf16 tolerance, on bf16 products and in 
       run_scenario(t, m, DType::bf16, {4e-2, 4e-2});
     }
   }
+}
+
+// A q8_0 cache against the reference reading the same quantized K/V (head dim 64: the int8 products take it), so
+// what remains is the products' rounding (and, rarely, a code one step apart where the runtime's f32 K/V and the
+// reference's double straddle a rounding boundary). In f32 products (codes times scales) that is f32 rounding
+// (seen: 8e-6); on int8 products q is quantized to 8 bits per block of 32 (2^-8 of its block's largest value)
+// and the weights of P V to 16 bits, and the shared pass's bf16 tiles round code times scale and q to bf16: on
+// this model twice a bf16 cache's error from its storage (seen: 4.3e-2 against 2.0e-2; an f16 cache 2.1e-3).
+// A wrong scale, code or block lands at O(1).
+TEST_CASE("llama: q8_0 cache against the reference on the same quantized K/V, on each products path") {
+  Spec s;
+  s.n_embd = 256, s.n_ff = 128, s.n_head = 4, s.n_head_kv = 2;
+  const Tiny t = make_tiny(s, 12);
+  struct Path {
+    bool int8, bf16;
+    Tol tol;
+  };
+  for (const Path& p : {Path{false, false, {1e-4, 1e-4}}, Path{true, false, {8e-2, 8e-2}},
+                        Path{false, true, {8e-2, 8e-2}}, Path{true, true, {8e-2, 8e-2}}}) {
+    const cpu::Int8Products int8(p.int8);
+    const cpu::Bf16Products bf16(p.bf16);
+    for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified, AttnMethod::auto_}) {
+      CAPTURE(attn_method_name(m));
+      CAPTURE(p.int8);
+      CAPTURE(p.bf16);
+      run_scenario(t, m, DType::q8_0, p.tol, 20);
+    }
+  }
+}
+
+TEST_CASE("llama: a q8_0 cache generates the same text twice with every method") {
+  Spec s;
+  s.n_embd = 128, s.n_ff = 64, s.n_head = 2, s.n_head_kv = 1;
+  const Tiny t = make_tiny(s, 13);
+  const gguf::File file = gguf::File::from_bytes(t.bytes, "tiny.gguf");
+  const llama::Model model = llama::Model::load(file);
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3, 4, 5, 6}, {1, 2, 3, 9}, {7}};
+  GenerateParams gp;
+  gp.n_predict = 12;
+  gp.n_parallel = 3;
+  gp.sampling.temp = 1.0f;
+  gp.sampling.top_k = 0;
+  gp.sampling.top_p = 1.0f;
+  gp.sampling.min_p = 0.0f;
+  gp.sampling.seed = 5;
+  gp.kv_dtype = DType::q8_0;
+  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified, AttnMethod::auto_}) {
+    CAPTURE(attn_method_name(m));
+    gp.attn = m;
+    const GenerateResult a = generate(model, prompts, gp, [](int32_t) { return false; });
+    const GenerateResult b = generate(model, prompts, gp, [](int32_t) { return false; });
+    REQUIRE(a.sequences.size() == 9);
+    for (size_t i = 0; i < a.sequences.size(); ++i) {
+      CAPTURE(i);
+      CHECK(a.sequences[i].tokens.size() == 12);
+      CHECK(b.sequences[i].tokens == a.sequences[i].tokens);
+    }
+  }
+  // Storage is where q8_0 differs: a q8_0 cache holds 1.0625 bytes an element.
+  KvCache::Entry e{0, 3, 0};
+  TreeCache c(1, {2, 1, 64}, DType::q8_0);
+  e.id = c.add_segment(-1);
+  c.begin_step({e});
+  std::vector<float> kv(3 * 64, 0.5f);
+  c.store(0, kv.data(), kv.data());
+  CHECK(c.kv_bytes() == size_t(3 * 2 * (64 + 2 * 2)));
+  CHECK_THROWS_AS(TreeCache(1, {2, 1, 48}, DType::q8_0), Error);
 }
 
 namespace {

@@ -26,6 +26,12 @@
 
 namespace cascade {
 
+// Bytes of one token's K (or V) of n_kv_heads heads of head_dim elements of type dt, stored dense: the elements,
+// and q8_0's scales.
+inline int64_t kv_row_bytes(DType dt, int64_t n_kv_heads, int64_t head_dim) {
+  return n_kv_heads * head_dim * dtype_size(dt) + (dt == DType::q8_0 ? n_kv_heads * head_dim / kQ8Block * 2 : 0);
+}
+
 struct KvView {
   DType dtype = DType::f32;
   int64_t n_tokens = 0;
