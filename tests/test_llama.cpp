@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "model/gguf.hpp"
 #include "model/kv_cache.hpp"
 #include "model/llama.hpp"
+#include "model/perplexity.hpp"
 #include "model/quant.hpp"
 
 using namespace cascade;
@@ -593,6 +595,110 @@ TEST_CASE("llama: a q8_0 cache generates the same text twice with every method")
   c.store(0, kv.data(), kv.data());
   CHECK(c.kv_bytes() == size_t(3 * 2 * (64 + 2 * 2)));
   CHECK_THROWS_AS(TreeCache(1, {2, 1, 48}, DType::q8_0), Error);
+}
+
+// Perplexity as llama.cpp defines it (perplexity.hpp), computed here from the double reference's logits of each
+// window (first token replaced by BOS) over the positions n_ctx / 2 .. n_ctx - 2; the runtime's f32 path and f32
+// K/V give it to f32 rounding. KL divergence: the saved (f16) log-probabilities of the reference against its logits
+// at another temperature, against the KL computed here in double (f16's rounding of a log-probability,
+// 2^-11 relative, bounds the difference).
+TEST_CASE("perplexity: windows scored as llama.cpp does, against exp(mean NLL) of the reference; KL divergence") {
+  const Tiny t = make_tiny(Spec{}, 14);
+  const gguf::File file = gguf::File::from_bytes(t.bytes, "tiny.gguf");
+  const llama::Model model = llama::Model::load(file, llama::LinearPath::f32);
+  const int64_t V = t.spec.n_vocab;
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int32_t> tok(0, t.spec.n_vocab - 1);
+  PerplexityParams p;
+  p.n_ctx = 16;
+  p.n_batch = 5;  // windows in several passes
+  p.kv_dtype = DType::f32;
+  p.bos = 1;
+  std::vector<int32_t> tokens(size_t(3 * p.n_ctx + 7));  // three windows, 7 tokens left out
+  for (int32_t& x : tokens) x = tok(rng);
+
+  const std::string saved = (std::filesystem::temp_directory_path() / "cascade_test_kl.bin").string();
+  NllSum nll;
+  KlSum kl;
+  double ref_nll = 0, ref_kl = 0;
+  int64_t ref_n = 0, ref_same = 0;
+  std::vector<std::vector<double>> ref_windows;
+  {
+    LogProbWriter w(saved, p.n_ctx, V, tokens);
+    run_windows(model, tokens, p, [&](int64_t win, const std::vector<float>& logits, const int32_t* targets) {
+      REQUIRE(int64_t(logits.size()) == n_scored_per_window(p.n_ctx) * V);
+      std::vector<int32_t> window(tokens.begin() + win * p.n_ctx, tokens.begin() + (win + 1) * p.n_ctx);
+      window[0] = p.bos;
+      const auto ref = reference_logits(t, window);
+      std::vector<float> base;
+      for (int64_t pos = p.n_ctx / 2, r = 0; pos <= p.n_ctx - 2; ++pos, ++r) {
+        CHECK(targets[r] == window[size_t(pos + 1)]);
+        nll.add(token_nll(logits.data() + r * V, V, targets[r]));
+        const std::vector<double>& x = ref[size_t(pos)];
+        double mx = -1e300, z = 0;
+        for (double v : x) mx = std::max(mx, v);
+        for (double v : x) z += std::exp(v - mx);
+        ref_nll += mx + std::log(z) - x[size_t(window[size_t(pos + 1)])];
+        ++ref_n;
+        for (double v : x) base.push_back(float(v));
+      }
+      w.add_window(base);
+    });
+    w.close();
+  }
+  CHECK(nll.n == 3 * (p.n_ctx - p.n_ctx / 2 - 1));
+  CHECK(ref_n == nll.n);
+  CHECK(std::fabs(nll.perplexity() - std::exp(ref_nll / double(ref_n))) <= 1e-5 * nll.perplexity());
+
+  // KL of the reference at temperature 1 (saved) from the same logits at temperature 1 / 0.7.
+  LogProbReader r(saved, p.n_ctx, V, tokens);
+  run_windows(model, tokens, p, [&](int64_t, const std::vector<float>& logits, const int32_t*) {
+    const std::vector<f16>& b = r.next_window();
+    for (int64_t row = 0; row < n_scored_per_window(p.n_ctx); ++row) {
+      std::vector<float> hot(static_cast<size_t>(V));
+      std::vector<double> lb(static_cast<size_t>(V)), lh(static_cast<size_t>(V));
+      const float* x = logits.data() + row * V;
+      double mb = -1e300, mh = -1e300, zb = 0, zh = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        hot[size_t(v)] = 0.7f * x[v];
+        mb = std::max(mb, double(x[v]));
+        mh = std::max(mh, double(hot[size_t(v)]));
+      }
+      for (int64_t v = 0; v < V; ++v) {
+        zb += std::exp(double(x[v]) - mb);
+        zh += std::exp(double(hot[size_t(v)]) - mh);
+      }
+      double k = 0;
+      int64_t top_b = 0, top_h = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        lb[size_t(v)] = double(x[v]) - mb - std::log(zb);
+        lh[size_t(v)] = double(hot[size_t(v)]) - mh - std::log(zh);
+        k += std::exp(lb[size_t(v)]) * (lb[size_t(v)] - lh[size_t(v)]);
+        if (lb[size_t(v)] > lb[size_t(top_b)]) top_b = v;
+        if (lh[size_t(v)] > lh[size_t(top_h)]) top_h = v;
+      }
+      ref_kl += k;
+      ref_same += top_b == top_h;
+      kl.add(b.data() + row * V, hot.data(), V);
+    }
+  });
+  std::filesystem::remove(saved);
+  CHECK(kl.n == nll.n);
+  CHECK(ref_kl / double(kl.n) > 1e-3);  // a KL that says something
+  CHECK(std::fabs(kl.mean() - ref_kl / double(kl.n)) <= 2e-3 * ref_kl / double(kl.n) + 1e-5);
+  CHECK(kl.n_top1_same == ref_same);
+
+  // Fewer than two windows' tokens, a file saved for another text or window: errors.
+  CHECK_THROWS_AS(run_windows(model, std::vector<int32_t>(size_t(2 * p.n_ctx - 1), 1), p, {}), Error);
+  {
+    LogProbWriter w(saved, p.n_ctx, V, tokens);
+    w.close();
+  }
+  std::vector<int32_t> other = tokens;
+  other[3] = (other[3] + 1) % int32_t(V);
+  CHECK_THROWS_WITH_AS(LogProbReader(saved, p.n_ctx, V, other), doctest::Contains("another text"), Error);
+  CHECK_THROWS_WITH_AS(LogProbReader(saved, 8, V, tokens), doctest::Contains("windows of 16"), Error);
+  std::filesystem::remove(saved);
 }
 
 namespace {
