@@ -25,6 +25,8 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "cascade/cascade.hpp"
@@ -52,7 +54,7 @@ void usage() {
       "  --shape NAME        head-shape preset: smollm2-135m (9/3/64, default), llama3-8b (32/8/128),\n"
       "                      llama3.2-1b (32/8/64), llama2-7b (32/32/128), qwen2.5-7b (28/4/128), mistral-7b\n"
       "  --heads Q/KV/D      explicit query heads / KV heads / head dim\n"
-      "  --kv-dtype LIST     f32, f16, bf16 (default f16)\n"
+      "  --kv-dtype LIST     f32, f16, bf16, q8_0 (default f16; q8_0's bytes: 1.0625 an element)\n"
       "  --method LIST       cascade, split, unified, auto (default: all four). auto: the plan\n"
       "                      auto.hpp chooses per segment from a cost model calibrated once per thread count\n"
       "  --threads LIST      threads (0 = all; default 0)\n"
@@ -62,6 +64,8 @@ void usage() {
       "                      library's choice, bf16 dot products where this CPU runs them faster than f32 FMAs)\n"
       "  --no-amx            bf16 products on vdpbf16ps, not on AMX tiles (default: tiles where the CPU and OS\n"
       "                      allow them)\n"
+      "  --int8-products     q8_0 K/V on int8 dot products wherever the CPU has them (q quantized to int8);\n"
+      "                      --no-int8-products: codes times scales, f32 products (default: the library's choice)\n"
       "  --reps N            timed repetitions of each method, interleaved (default 5; up to 5x as many\n"
       "                      when the fastest method takes under 1 ms), --warmup N (default 1)\n"
       "  --no-flush          keep caches warm between repetitions\n"
@@ -94,6 +98,10 @@ Args parse_args(int argc, char** argv) {
       a.amx = false;
       return true;
     }
+    if (f == "--int8-products" || f == "--no-int8-products") {
+      a.int8_products = f == "--int8-products";
+      return true;
+    }
     return false;
   });
   if (a.isas.empty()) a.isas.push_back(cascade::detected_isa());
@@ -101,11 +109,18 @@ Args parse_args(int argc, char** argv) {
 }
 
 
-// The problem's K/V: one prefix, B suffixes, dense (tokens, kv heads, dim) in the chosen dtype; its tree
-// (segment 0 the prefix, s + 1 sequence s's own tokens) and the views of its segments.
+// One span's K or V, dense (tokens, kv heads, dim) in the chosen dtype (q8_0: codes, and scales (tokens, kv heads,
+// dim / 32)).
+struct Span {
+  std::vector<uint8_t> data;
+  std::vector<cascade::f16> scales;
+};
+
+// The problem's K/V: one prefix, B suffixes; its tree (segment 0 the prefix, s + 1 sequence s's own tokens) and the
+// views of its segments.
 struct Problem {
-  std::vector<uint8_t> pk, pv;
-  std::vector<std::vector<uint8_t>> sk, sv;
+  Span pk, pv;
+  std::vector<Span> sk, sv;
   std::vector<float> q;
   cascade::Tree tree;
   std::vector<cascade::KvView> views;
@@ -116,22 +131,32 @@ std::unique_ptr<Problem> make_problem(const HeadShape& shape, DType dt, int64_t 
   auto p = std::make_unique<Problem>();
   const int64_t row = int64_t(shape.n_kv_heads) * shape.head_dim;
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  auto fill = [&](std::vector<uint8_t>& b, int64_t n_tokens) {
-    b.resize(size_t(n_tokens * row * cascade::dtype_size(dt)));
+  auto fill = [&](Span& b, int64_t n_tokens) {
+    const int64_t n = n_tokens * row;
+    b.data.resize(size_t(n * cascade::dtype_size(dt)));
     cascade::dispatch_dtype(dt, [&]<class T>() {
-      T* x = reinterpret_cast<T*>(b.data());
-      for (int64_t i = 0; i < n_tokens * row; ++i) x[i] = T(u(rng));
+      if constexpr (std::is_same_v<T, cascade::Q8Code>) {
+        std::vector<float> x(static_cast<size_t>(n));
+        for (float& e : x) e = u(rng);
+        b.scales.resize(size_t(n / cascade::kQ8Block));
+        cascade::quantize_q8_0(x.data(), n, reinterpret_cast<int8_t*>(b.data.data()), b.scales.data());
+      } else {
+        T* x = reinterpret_cast<T*>(b.data.data());
+        for (int64_t i = 0; i < n; ++i) x[i] = T(u(rng));
+      }
     });
   };
   fill(p->pk, prefix);
   fill(p->pv, prefix);
   p->sk.resize(size_t(batch));
   p->sv.resize(size_t(batch));
-  auto view = [&](const std::vector<uint8_t>& k, const std::vector<uint8_t>& v, int64_t n) {
-    cascade::KvView kv = cascade::KvView::contiguous(reinterpret_cast<const float*>(k.data()),
-                                                     reinterpret_cast<const float*>(v.data()), n, shape.n_kv_heads,
-                                                     shape.head_dim);
+  auto view = [&](const Span& k, const Span& v, int64_t n) {
+    cascade::KvView kv = cascade::KvView::contiguous(reinterpret_cast<const float*>(k.data.data()),
+                                                     reinterpret_cast<const float*>(v.data.data()), n,
+                                                     shape.n_kv_heads, shape.head_dim);
     kv.dtype = dt;
+    kv.k_scales = k.scales.data();
+    kv.v_scales = v.scales.data();
     return kv;
   };
   p->views.push_back(view(p->pk, p->pv, prefix));
@@ -200,7 +225,8 @@ Limits measure_limits(int thr, const std::vector<cascade::Isa>& isas) {
   return l;
 }
 
-using CostModels = std::map<std::pair<int, cascade::Isa>, cascade::CostModel>;  // (threads, tier) -> auto's model
+// (threads, tier, K/V type) -> auto's model, calibrated on that type
+using CostModels = std::map<std::tuple<int, cascade::Isa, DType>, cascade::CostModel>;
 
 // One point of the sweep (K/V type, B, P, t at one thread count): its problem, and every method on every tier
 // set up (layouts, plans) before any is timed, so that they are timed together: each run is one layer's
@@ -211,7 +237,7 @@ class Point {
   Point(const Args& a, int thr, const Limits& lim, DType dt, int64_t B, int64_t P, int64_t t, std::mt19937& rng)
       : a_(a), lim_(lim), prob_(make_problem(a.shape, dt, B, P, t, rng)), opt_{thr} {
     const HeadShape& sh = a.shape;
-    kv_token_bytes_ = 2.0 * sh.n_kv_heads * sh.head_dim * cascade::dtype_size(dt);
+    kv_token_bytes_ = 2.0 * sh.n_kv_heads * sh.head_dim * cascade::kv_element_bytes(dt);
     qo_bytes_ = 2.0 * B * sh.n_q_heads * sh.head_dim * 4;
     base_.batch = B;
     base_.prefix = P;
@@ -307,9 +333,10 @@ class Point {
   // prefix into the sequences reads it once per sequence.
   void add_auto(Row& r, cascade::Isa isa, CostModels& models) {
     const int thr = base_.threads;
-    if (!models.count({thr, isa})) models[{thr, isa}] = cascade::calibrate(thr, a_.shape);
+    const auto key = std::make_tuple(thr, isa, base_.dtype);
+    if (!models.count(key)) models[key] = cascade::calibrate(thr, a_.shape, base_.dtype);
     cascade::cpu::Options auto_opt = opt_;
-    auto_opt.cost_model = &models[{thr, isa}];
+    auto_opt.cost_model = &models[key];
     const cascade::Plan* p = plan(prob_->tree, auto_opt, r);
     const cascade::AutoChoice& why = *p->choice();
     const int folded = int(std::count_if(why.segments.begin(), why.segments.end(),
@@ -365,6 +392,8 @@ int main(int argc, char** argv) {
   if (a.bf16_products >= 0) products.emplace(a.bf16_products == 1);
   std::optional<cascade::cpu::AmxTiles> tiles;
   if (!a.amx) tiles.emplace(false);
+  std::optional<cascade::cpu::Int8Products> int8;
+  if (a.int8_products >= 0) int8.emplace(a.int8_products == 1);
   try {
     for (int thr_req : a.threads) {
       const int thr = thr_req > 0 ? std::min(thr_req, tbb::info::default_concurrency())

@@ -10,6 +10,7 @@ namespace cascade::cpu {
   CASCADE_CPU_PORTABLE_INSTANTIATE(float, M)                                                                      \
   CASCADE_CPU_PORTABLE_INSTANTIATE(f16, M)                                                                        \
   CASCADE_CPU_PORTABLE_INSTANTIATE(bf16, M)                                                                       \
+  CASCADE_CPU_PORTABLE_INSTANTIATE(Q8Code, M)                                                                     \
   template void run_kernel<M>(const KernelChoice&, const float*, int64_t, int, const KvView&, int, int64_t, int64_t, \
                               const M&, float, float*, float*, Scratch&);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "cascade/cpu/calibrate.hpp"
 #include "cascade/error.hpp"
@@ -31,6 +32,19 @@ AttnMethod parse_attn_method(std::string_view s) {
 KvCache::KvCache(int n_layer, const HeadShape& shape, DType dtype) : n_layer_(n_layer), shape_(shape), dtype_(dtype) {
   shape.validate();
   CASCADE_CHECK(n_layer > 0, "KV cache: n_layer must be positive (got ", n_layer, ")");
+  CASCADE_CHECK(dtype != DType::q8_0 || shape.head_dim % kQ8Block == 0, "KV cache: q8_0 K/V needs a head dim that is "
+                "a multiple of ", kQ8Block, " (this one's is ", shape.head_dim, ")");
+}
+
+// Grows every buffer dst[i] (holding `at` tokens of per_token[i] bytes) by n tokens, copied from src[i] (nullptr: left
+// for the caller to fill).
+static void grow(std::array<std::vector<uint8_t>*, 4> dst, const std::array<size_t, 4>& per_token, int64_t at,
+                 int64_t n, const std::array<const void*, 4>& src) {
+  for (size_t i = 0; i < dst.size(); ++i) {
+    const size_t bytes = size_t(n) * per_token[i], from = size_t(at) * per_token[i];
+    dst[i]->resize(from + bytes);  // std::vector grows geometrically: appends are amortized O(1) per token
+    if (bytes && src[i]) std::memcpy(dst[i]->data() + from, src[i], bytes);
+  }
 }
 
 void KvCache::set_layer_windows(const std::vector<int64_t>& windows) {
@@ -42,38 +56,32 @@ void KvCache::set_layer_windows(const std::vector<int64_t>& windows) {
 }
 
 void KvCache::append_raw(KvBuffer& b, const KvBuffer& src) const {
-  const size_t bytes = size_t(src.n * row_bytes()), at = size_t(b.n * row_bytes());
-  b.k.resize(at + bytes);  // std::vector grows geometrically: appends are amortized O(1) per token
-  b.v.resize(at + bytes);
-  if (bytes) {
-    std::memcpy(b.k.data() + at, src.k.data(), bytes);
-    std::memcpy(b.v.data() + at, src.v.data(), bytes);
-  }
+  const auto s = planes(src);
+  grow(planes(b), plane_bytes(), b.n, src.n, {s[0]->data(), s[1]->data(), s[2]->data(), s[3]->data()});
   b.n += src.n;
 }
 
 void KvCache::append_view(KvBuffer& b, const KvView& src) const {
-  const size_t bytes = size_t(src.n_tokens * row_bytes()), at = size_t(b.n * row_bytes());
-  b.k.resize(at + bytes);
-  b.v.resize(at + bytes);
-  if (bytes) {
-    std::memcpy(b.k.data() + at, src.k, bytes);
-    std::memcpy(b.v.data() + at, src.v, bytes);
-  }
+  grow(planes(b), plane_bytes(), b.n, src.n_tokens, {src.k, src.v, src.k_scales, src.v_scales});
   b.n += src.n_tokens;
 }
 
 void KvCache::append(KvBuffer& b, const float* k, const float* v, int64_t n) const {
   const int64_t m = n * shape_.n_kv_heads * shape_.head_dim;
-  const size_t at = size_t(b.n * row_bytes()), bytes = size_t(n * row_bytes());
-  b.k.resize(at + bytes);
-  b.v.resize(at + bytes);
+  grow(planes(b), plane_bytes(), b.n, n, {nullptr, nullptr, nullptr, nullptr});
+  const size_t at = size_t(b.n * row_bytes());
   dispatch_dtype(dtype_, [&]<class T>() {
-    T* kd = reinterpret_cast<T*>(b.k.data() + at);
-    T* vd = reinterpret_cast<T*>(b.v.data() + at);
-    for (int64_t i = 0; i < m; ++i) {
-      kd[i] = T(k[i]);
-      vd[i] = T(v[i]);
+    if constexpr (std::is_same_v<T, Q8Code>) {
+      const size_t s_at = size_t(b.n * scale_row_bytes());
+      quantize_q8_0(k, m, reinterpret_cast<int8_t*>(b.k.data() + at), reinterpret_cast<f16*>(b.k_scales.data() + s_at));
+      quantize_q8_0(v, m, reinterpret_cast<int8_t*>(b.v.data() + at), reinterpret_cast<f16*>(b.v_scales.data() + s_at));
+    } else {
+      T* kd = reinterpret_cast<T*>(b.k.data() + at);
+      T* vd = reinterpret_cast<T*>(b.v.data() + at);
+      for (int64_t i = 0; i < m; ++i) {
+        kd[i] = T(k[i]);
+        vd[i] = T(v[i]);
+      }
     }
   });
   b.n += n;
@@ -87,6 +95,10 @@ KvView KvCache::view(const KvBuffer& b) const {
   kv.head_dim = shape_.head_dim;
   kv.k = b.k.data();
   kv.v = b.v.data();
+  if (dtype_ == DType::q8_0) {
+    kv.k_scales = b.k_scales.data();
+    kv.v_scales = b.v_scales.data();
+  }
   kv.stride_head = shape_.head_dim;
   kv.stride_token = int64_t(shape_.n_kv_heads) * shape_.head_dim;
   return kv;
@@ -146,17 +158,18 @@ int TreeCache::split(int seg, int64_t n_keep) {
   const int tail = add_segment(seg, segs_[size_t(seg)].start + n_keep);
   Segment& head = segs_[size_t(seg)];
   Segment& t = segs_[size_t(tail)];
-  const size_t keep = size_t(n_keep * row_bytes());
+  const std::array<size_t, 4> per_token = plane_bytes();
   for (int il = 0; il < n_layer_; ++il) {
     KvBuffer& from = head.layers[size_t(il)];
     KvBuffer& to = t.layers[size_t(il)];
-    to.k.assign(from.k.begin() + ptrdiff_t(keep), from.k.begin() + ptrdiff_t(from.n * row_bytes()));
-    to.v.assign(from.v.begin() + ptrdiff_t(keep), from.v.begin() + ptrdiff_t(from.n * row_bytes()));
+    const auto src = planes(from), dst = planes(to);
+    for (size_t i = 0; i < src.size(); ++i) {
+      const size_t keep = size_t(n_keep) * per_token[i];
+      dst[i]->assign(src[i]->begin() + ptrdiff_t(keep), src[i]->begin() + ptrdiff_t(size_t(from.n) * per_token[i]));
+      src[i]->resize(keep);
+      src[i]->shrink_to_fit();  // the head is complete: it keeps no room for the tokens that moved
+    }
     to.n = from.n - n_keep;
-    from.k.resize(keep);
-    from.v.resize(keep);
-    from.k.shrink_to_fit();  // the head is complete: it keeps no room for the tokens that moved
-    from.v.shrink_to_fit();
     from.n = n_keep;
   }
   hand_children(seg, tail);
@@ -170,15 +183,18 @@ int TreeCache::split_ahead(int seg, int64_t n_keep) {
                 " tokens ahead of its tokens after ", n_keep);
   const int tail = add_segment(seg, segs_[size_t(seg)].start + n_keep);
   // The head will hold n_keep tokens: room reserved beyond them is given back.
-  const size_t keep = size_t(n_keep * row_bytes());
-  for (KvBuffer& b : segs_[size_t(seg)].layers)
-    for (std::vector<uint8_t>* x : {&b.k, &b.v})
-      if (x->capacity() > keep) {
-        std::vector<uint8_t> y;
-        y.reserve(keep);
-        y.assign(x->begin(), x->end());
-        x->swap(y);
-      }
+  const std::array<size_t, 4> per_token = plane_bytes();
+  for (KvBuffer& b : segs_[size_t(seg)].layers) {
+    const auto xs = planes(b);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const size_t keep = size_t(n_keep) * per_token[i];
+      if (xs[i]->capacity() <= keep) continue;
+      std::vector<uint8_t> y;
+      y.reserve(keep);
+      y.assign(xs[i]->begin(), xs[i]->end());
+      xs[i]->swap(y);
+    }
+  }
   hand_children(seg, tail);
   return tail;
 }
@@ -264,9 +280,10 @@ void TreeCache::release_paths(const std::vector<int>& leaves) {
 void TreeCache::reserve(int seg, int64_t n_tokens) {
   check_seg(seg);
   CASCADE_CHECK(n_tokens >= 0, "KV cache: cannot reserve ", n_tokens, " tokens");
+  const std::array<size_t, 4> per_token = plane_bytes();
   for (KvBuffer& b : segs_[size_t(seg)].layers) {
-    b.k.reserve(size_t(n_tokens * row_bytes()));
-    b.v.reserve(size_t(n_tokens * row_bytes()));
+    const auto xs = planes(b);
+    for (size_t i = 0; i < xs.size(); ++i) xs[i]->reserve(size_t(n_tokens) * per_token[i]);
   }
 }
 
@@ -323,7 +340,7 @@ void TreeCache::begin_step(const std::vector<Entry>& entries) {
     std::vector<char> seen(size_t(tree.n_segments()), 0);
     for (int s = 0; s < tree.n_sequences() && !shared; ++s)
       for (int g : tree.sequence(s).path) shared = shared || seen[size_t(g)]++ > 0;
-    if (shared && !cost_) cost_ = calibrate(0, shape_);
+    if (shared && !cost_) cost_ = calibrate(0, shape_, dtype_);
     if (shared) opt.cost_model = &*cost_;
   }
   plan_opt_ = opt;
@@ -369,10 +386,15 @@ int64_t TreeCache::stored_tokens() const {
   return n;
 }
 
+// The bytes a buffer holds in memory, its room beyond its tokens included.
+static size_t capacity_bytes(const KvBuffer& b) {
+  return b.k.capacity() + b.v.capacity() + b.k_scales.capacity() + b.v_scales.capacity();
+}
+
 size_t TreeCache::allocated_bytes() const {
   size_t n = 0;
   for (const Segment& s : segs_)
-    for (const KvBuffer& b : s.layers) n += b.k.capacity() + b.v.capacity();
+    for (const KvBuffer& b : s.layers) n += capacity_bytes(b);
   return n;
 }
 
@@ -447,14 +469,14 @@ void UnifiedCache::remove_sequence(int seq) {
 
 size_t UnifiedCache::allocated_bytes() const {
   size_t n = 0;
-  for (const KvBuffer& b : buf_) n += b.k.capacity() + b.v.capacity();
+  for (const KvBuffer& b : buf_) n += capacity_bytes(b);
   return n;
 }
 
 // Keeps the keys some live sequence sees, in order.
 void UnifiedCache::compact() {
   const int64_t n_keys = int64_t(key_pos_.size());
-  const size_t rb = size_t(row_bytes());
+  const std::array<size_t, 4> per_token = plane_bytes();
   int64_t out = 0;
   for (int64_t t = 0; t < n_keys; ++t) {
     const uint64_t* words = key_seqs_.data() + t * n_words_;
@@ -463,8 +485,10 @@ void UnifiedCache::compact() {
     if (!seen) continue;
     if (out != t) {
       for (KvBuffer& b : buf_) {
-        std::memmove(b.k.data() + size_t(out) * rb, b.k.data() + size_t(t) * rb, rb);
-        std::memmove(b.v.data() + size_t(out) * rb, b.v.data() + size_t(t) * rb, rb);
+        const auto xs = planes(b);
+        for (size_t i = 0; i < xs.size(); ++i)
+          std::memmove(xs[i]->data() + size_t(out) * per_token[i], xs[i]->data() + size_t(t) * per_token[i],
+                       per_token[i]);
       }
       std::copy_n(words, n_words_, key_seqs_.data() + out * n_words_);
       key_pos_[size_t(out)] = key_pos_[size_t(t)];
@@ -473,10 +497,11 @@ void UnifiedCache::compact() {
   }
   for (KvBuffer& b : buf_) {
     b.n = out;
-    b.k.resize(size_t(out) * rb);
-    b.v.resize(size_t(out) * rb);
-    b.k.shrink_to_fit();
-    b.v.shrink_to_fit();
+    const auto xs = planes(b);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      xs[i]->resize(size_t(out) * per_token[i]);
+      xs[i]->shrink_to_fit();
+    }
   }
   key_seqs_.resize(size_t(out * n_words_));
   key_pos_.resize(size_t(out));

@@ -22,13 +22,16 @@
 // buffers per layer, grown by amortized reallocation (views are made per layer per step, so moving a buffer
 // is harmless) or reserved at their final length where it is known (TreeCache::reserve). The element type is
 // chosen per cache: f16 by default (llama.cpp's default cache type, so the comparison with it is like for like,
-// and attention reads half the bytes of f32), f32 where a test wants the forward pass exact to f32 rounding.
+// and attention reads half the bytes of f32), f32 where a test wants the forward pass exact to f32 rounding, bf16,
+// or q8_0 (int8 codes with their f16 scales (n_tokens, n_kv_heads, head_dim / 32) beside them, kv.hpp: K/V
+// quantized as they are stored, about half of f16's bytes).
 //
 // A step: begin_step() names, in row order, whose (a segment's, or a unified sequence's) each group of the
 // step's rows is, and plans the step's attention once; then for every layer store() appends their K/V and
 // attend() runs the plan on that layer, each row seeing its own position and everything before it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -47,9 +50,10 @@ enum class AttnMethod { cascade, split, unified, auto_ };
 const char* attn_method_name(AttnMethod m);
 AttnMethod parse_attn_method(std::string_view s);  // "cascade", "split", "unified", "auto"; else Error
 
-// One layer's K or V rows of one span: dense (n, n_kv_heads, head_dim) elements of the cache's type.
+// One layer's K and V rows of one span: dense (n, n_kv_heads, head_dim) elements of the cache's type; q8_0: the
+// codes, and their scales (n, n_kv_heads, head_dim / 32) in k_scales and v_scales (empty for the other types).
 struct KvBuffer {
-  std::vector<uint8_t> k, v;
+  std::vector<uint8_t> k, v, k_scales, v_scales;
   int64_t n = 0;
 };
 
@@ -85,12 +89,28 @@ class KvCache {
   int64_t layer_window(int il) const { return layer_windows_.empty() ? 0 : layer_windows_[size_t(il)]; }
 
   virtual int64_t stored_tokens() const = 0;  // tokens held (per layer), each stored copy counted
-  size_t kv_bytes() const { return size_t(stored_tokens()) * size_t(n_layer_) * 2 * size_t(row_bytes()); }
+  size_t kv_bytes() const { return size_t(stored_tokens()) * size_t(n_layer_) * size_t(token_bytes()); }
+  // Bytes one token's K and V take in one layer (q8_0: its scales counted).
+  int64_t token_bytes() const { return 2 * (row_bytes() + scale_row_bytes()); }
   // Bytes the K/V buffers hold in memory: kv_bytes() plus room reserved or left by growth.
   virtual size_t allocated_bytes() const = 0;
 
  protected:
   int64_t row_bytes() const { return int64_t(shape_.n_kv_heads) * shape_.head_dim * dtype_size(dtype_); }
+  // q8_0: bytes of one token's scales of K (or V); 0 for the other types.
+  int64_t scale_row_bytes() const {
+    return dtype_ == DType::q8_0 ? int64_t(shape_.n_kv_heads) * shape_.head_dim / kQ8Block * 2 : 0;
+  }
+  // A KvBuffer's buffers in the order K, V, K's scales, V's scales, and the bytes a token takes in each (a buffer
+  // of 0 bytes a token stays empty).
+  static std::array<std::vector<uint8_t>*, 4> planes(KvBuffer& b) { return {&b.k, &b.v, &b.k_scales, &b.v_scales}; }
+  static std::array<const std::vector<uint8_t>*, 4> planes(const KvBuffer& b) {
+    return {&b.k, &b.v, &b.k_scales, &b.v_scales};
+  }
+  std::array<size_t, 4> plane_bytes() const {
+    const size_t r = size_t(row_bytes()), s = size_t(scale_row_bytes());
+    return {r, r, s, s};
+  }
   void append(KvBuffer& b, const float* k, const float* v, int64_t n) const;  // converts to the cache's type
   void append_raw(KvBuffer& b, const KvBuffer& src) const;                     // src's rows as they are
   void append_view(KvBuffer& b, const KvView& src) const;                      // a dense view of this cache's type

@@ -127,7 +127,7 @@ Engine::Engine(const llama::Model& model, const Tokenizer& tok, EngineConfig con
   const llama::Hparams& hp = model.hparams();
   CASCADE_CHECK(tok.n_vocab() == hp.n_vocab, "the tokenizer has ", tok.n_vocab(), " tokens, the model ", hp.n_vocab);
   if (cfg_.n_ctx == 0) cfg_.n_ctx = hp.n_ctx_train;
-  token_bytes_ = hp.n_layer * 2 * hp.n_head_kv * hp.head_dim * int64_t(dtype_size(cfg_.kv_dtype));
+  token_bytes_ = hp.n_layer * 2 * kv_row_bytes(cfg_.kv_dtype, hp.n_head_kv, hp.head_dim);
   if (cfg_.kv_budget == 0) cfg_.kv_budget = 2 * int64_t(cfg_.n_parallel) * cfg_.n_ctx * token_bytes_;
   budget_tokens_ = cfg_.kv_budget / token_bytes_;
   CASCADE_CHECK(budget_tokens_ >= 2, "the K/V budget of ", cfg_.kv_budget, " bytes holds less than two tokens");

@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cascade/cascade.hpp"
@@ -55,6 +56,8 @@ struct Rng {
 // One segment's K/V in its own storage.
 struct Segment {
   std::vector<uint8_t> k, v;
+  std::vector<cascade::f16> k_scales, v_scales;  // q8_0 only
+  bool bf16_exact = false;  // q8_0: every element (code times a power-of-two scale) is exact in bf16
   std::vector<int32_t> table;
   cascade::KvView view;
 };
@@ -66,11 +69,38 @@ void fill_random(std::vector<uint8_t>& bytes, int64_t n, Rng& rng, float amp) {
   for (int64_t i = 0; i < n; ++i) p[i] = T(rng.uniform(-amp, amp));
 }
 
+// n q8_0 codes (and n / 32 scales) of random values in [-amp, amp], each block within its own random fraction of amp,
+// quantized (n a multiple of 32); pow2: each
+// scale then rounded to a power of two, so that every element is exact in bf16 (the bf16-product paths convert
+// q8_0 tiles to bf16).
+inline void fill_random_q8_0(std::vector<uint8_t>& codes, std::vector<cascade::f16>& scales, int64_t n, Rng& rng,
+                             float amp, bool pow2) {
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int64_t b = 0; b < n; b += cascade::kQ8Block) {  // each block at its own magnitude: scales differ
+    const float block_amp = amp * rng.uniform(0.05f, 1.0f);
+    for (int64_t i = b; i < b + cascade::kQ8Block; ++i) x[size_t(i)] = rng.uniform(-block_amp, block_amp);
+  }
+  codes.assign(static_cast<size_t>(n), 0);
+  scales.assign(static_cast<size_t>(n / cascade::kQ8Block), cascade::f16(0.0f));
+  cascade::quantize_q8_0(x.data(), n, reinterpret_cast<int8_t*>(codes.data()), scales.data());
+  if (pow2)
+    for (cascade::f16& d : scales)
+      if (float(d) > 0) d = cascade::f16(std::exp2(std::round(std::log2(float(d)))));
+}
+
+// A K/V type at random among those a view of head_dim takes (q8_0: multiples of 32).
+inline cascade::DType random_dtype(Rng& rng, int head_dim) {
+  using cascade::DType;
+  if (head_dim % cascade::kQ8Block == 0) return rng.pick<DType>({DType::f32, DType::f16, DType::bf16, DType::q8_0});
+  return rng.pick<DType>({DType::f32, DType::f16, DType::bf16});
+}
+
 // How rows sit in memory: any padding; aligned (every row on 16 bytes: padding in multiples of 8 elements,
 // none between pages, as vector copies need); misaligned (heads always padded by 1-3 elements).
 enum class Rows { any, aligned, misaligned };
 
-// n_tokens tokens of random K/V with values in [-amp, amp], in storage chosen by the flags.
+// n_tokens tokens of random K/V with values in [-amp, amp], in storage chosen by the flags. q8_0 pads by whole
+// blocks of 32 codes (its strides are multiples of 32).
 inline std::unique_ptr<Segment> make_segment(Rng& rng, cascade::DType dt, int64_t n_tokens, int n_kv_heads,
                                              int head_dim, bool paged, float amp = 1.0f, Rows rows = Rows::any) {
   const bool aligned = rows == Rows::aligned;
@@ -81,8 +111,12 @@ inline std::unique_ptr<Segment> make_segment(Rng& rng, cascade::DType dt, int64_
   kv.n_kv_heads = n_kv_heads;
   kv.head_dim = head_dim;
   // Padded strides: heads and tokens are not packed, so the kernels must honor the strides.
-  const int64_t pad_h = aligned ? 8 * rng.uniform_int(0, 1) : rng.uniform_int(rows == Rows::misaligned ? 1 : 0, 3);
-  const int64_t pad_t = aligned ? 8 * rng.uniform_int(0, 2) : rng.uniform_int(0, 5);
+  const bool q8 = dt == cascade::DType::q8_0;
+  const int64_t pad_h = q8        ? cascade::kQ8Block * rng.uniform_int(0, 1)
+                        : aligned ? 8 * rng.uniform_int(0, 1)
+                                  : rng.uniform_int(rows == Rows::misaligned ? 1 : 0, 3);
+  const int64_t pad_t = q8 ? cascade::kQ8Block * rng.uniform_int(0, 1) : aligned ? 8 * rng.uniform_int(0, 2)
+                                                                                 : rng.uniform_int(0, 5);
   kv.stride_head = head_dim + pad_h;
   kv.stride_token = n_kv_heads * kv.stride_head + pad_t;
   int64_t n_elems;
@@ -90,7 +124,9 @@ inline std::unique_ptr<Segment> make_segment(Rng& rng, cascade::DType dt, int64_
     kv.page_size = rng.pick<int64_t>({1, 7, 16, 64});
     const int64_t n_pages = (n_tokens + kv.page_size - 1) / kv.page_size;
     const int64_t pool = n_pages + rng.uniform_int(0, 3);  // spare pages nobody uses
-    kv.stride_page = kv.page_size * kv.stride_token + (aligned ? 0 : rng.uniform_int(0, 4));
+    kv.stride_page = kv.page_size * kv.stride_token + (q8 ? cascade::kQ8Block * rng.uniform_int(0, 1)
+                                                       : aligned ? 0
+                                                                 : rng.uniform_int(0, 4));
     std::vector<int32_t> ids(static_cast<size_t>(pool));
     std::iota(ids.begin(), ids.end(), 0);
     std::shuffle(ids.begin(), ids.end(), rng.gen);
@@ -101,13 +137,21 @@ inline std::unique_ptr<Segment> make_segment(Rng& rng, cascade::DType dt, int64_
   } else {
     n_elems = n_tokens * kv.stride_token;
   }
-  n_elems = std::max<int64_t>(n_elems, 1);
+  n_elems = std::max<int64_t>(n_elems, q8 ? cascade::kQ8Block : 1);
   cascade::dispatch_dtype(dt, [&]<class T>() {
-    fill_random<T>(seg->k, n_elems, rng, amp);
-    fill_random<T>(seg->v, n_elems, rng, 1.0f);
+    if constexpr (std::is_same_v<T, cascade::Q8Code>) {
+      seg->bf16_exact = rng.coin();
+      fill_random_q8_0(seg->k, seg->k_scales, n_elems, rng, amp, seg->bf16_exact);
+      fill_random_q8_0(seg->v, seg->v_scales, n_elems, rng, 1.0f, seg->bf16_exact);
+    } else {
+      fill_random<T>(seg->k, n_elems, rng, amp);
+      fill_random<T>(seg->v, n_elems, rng, 1.0f);
+    }
   });
   kv.k = seg->k.data();
   kv.v = seg->v.data();
+  kv.k_scales = q8 ? seg->k_scales.data() : nullptr;
+  kv.v_scales = q8 ? seg->v_scales.data() : nullptr;
   return seg;
 }
 

@@ -57,10 +57,12 @@ void check(Rng& rng, const Config& cfg) {
   INFO(cfg.describe());
   std::vector<std::unique_ptr<test::Segment>> store;
   std::vector<KvView> views;
+  bool bf16_exact = true;  // q8_0: every segment's elements exact in bf16
   for (int64_t len : cfg.seg_len) {
     store.push_back(test::make_segment(rng, cfg.dtype, len, cfg.shape.n_kv_heads, cfg.shape.head_dim, cfg.paged,
                                        cfg.amp));
     views.push_back(store.back()->view);
+    bf16_exact = bf16_exact && store.back()->bf16_exact;
   }
   const Tree tree = Tree::build(cfg.shape, cfg.seg_len, cfg.tree.paths, cfg.n_query, 0.0f, cfg.window);
   const int64_t n_out = tree.n_rows() * cfg.shape.n_q_heads * cfg.shape.head_dim;
@@ -69,10 +71,12 @@ void check(Rng& rng, const Config& cfg) {
   for (float& x : q) x = rng.uniform(-cfg.amp, cfg.amp);
   std::vector<double> ref_o(static_cast<size_t>(n_out)), ref_lse(static_cast<size_t>(n_lse));
   reference_attention(tree, views, q.data(), ref_o.data(), ref_lse.data());
-  // bf16 products round q: that path gets bf16 queries, and a reference of its own.
-  std::vector<float> q_bf16 = q;
+  // bf16 products round q, int8 products quantize it: those paths get queries on their grid, and a reference of
+  // their own.
+  std::vector<float> q_bf16 = q, q_q8 = q;
   test::round_to_bf16(q_bf16);
-  std::vector<double> ref_o_bf16, ref_lse_bf16;
+  if (cfg.shape.head_dim % kQ8Block == 0) test::round_to_q8_0(q_q8);
+  std::vector<double> ref_o_bf16, ref_lse_bf16, ref_o_q8, ref_lse_q8;
   const cpu::Options opt{cfg.n_threads};
   const SplitLayout split = make_split(tree, views);
   const UnifiedLayout uni = make_unified(tree, views);
@@ -80,16 +84,26 @@ void check(Rng& rng, const Config& cfg) {
   for (const test::KernelPath& path : test::kernel_paths()) {
     INFO("kernel path " << path.name());
     const test::UsePath use(path);
-    const bool rounds = path.rounds_bf16() && cfg.dtype == DType::bf16;
+    // q8_0 on a bf16-product path: its shared passes convert tiles to bf16, exactly only where the scales are powers
+    // of two (the other problems are checked on the other paths).
+    if (path.rounds_bf16() && cfg.dtype == DType::q8_0 && !bf16_exact) continue;
+    const bool rounds = path.rounds_bf16() && (cfg.dtype == DType::bf16 || cfg.dtype == DType::q8_0);
+    const bool quantizes = path.rounds_int8(cfg.shape.head_dim) && cfg.dtype == DType::q8_0;
     if (rounds && ref_o_bf16.empty()) {
       ref_o_bf16.resize(ref_o.size());
       ref_lse_bf16.resize(ref_lse.size());
       reference_attention(tree, views, q_bf16.data(), ref_o_bf16.data(), ref_lse_bf16.data());
     }
-    const float* qp = rounds ? q_bf16.data() : q.data();
-    const std::vector<double>& want_o = rounds ? ref_o_bf16 : ref_o;
-    const std::vector<double>& want_lse = rounds ? ref_lse_bf16 : ref_lse;
-    const double atol_o = kAtol + (rounds ? test::kBf16WeightError : 0.0);  // |v| <= 1
+    if (quantizes && ref_o_q8.empty()) {
+      ref_o_q8.resize(ref_o.size());
+      ref_lse_q8.resize(ref_lse.size());
+      reference_attention(tree, views, q_q8.data(), ref_o_q8.data(), ref_lse_q8.data());
+    }
+    const float* qp = rounds ? q_bf16.data() : quantizes ? q_q8.data() : q.data();
+    const std::vector<double>& want_o = rounds ? ref_o_bf16 : quantizes ? ref_o_q8 : ref_o;
+    const std::vector<double>& want_lse = rounds ? ref_lse_bf16 : quantizes ? ref_lse_q8 : ref_lse;
+    const double atol_o =
+        kAtol + (rounds ? test::kBf16WeightError : quantizes ? test::kInt8WeightError : 0.0);  // |v| <= 1
 
     // The plan runs twice, as it would in two layers: it keeps nothing of a run.
     const Plan plan = cpu::plan(tree, opt);
@@ -144,7 +158,7 @@ HeadShape random_shape(Rng& rng) {
 Config random_config(Rng& rng, double budget) {
   Config c;
   c.shape = random_shape(rng);
-  c.dtype = rng.pick<DType>({DType::f32, DType::f16, DType::bf16});
+  c.dtype = test::random_dtype(rng, c.shape.head_dim);
   c.paged = rng.coin();
   const int depth = int(rng.uniform_int(1, 4));
   c.tree = test::random_tree(rng, depth, int(rng.uniform_int(1, 64)));
@@ -260,7 +274,7 @@ TEST_CASE("every head dim 32-256 that models use, every GQA ratio, both storages
     for (auto [nq, nkv] : std::vector<std::pair<int, int>>{{4, 4}, {4, 2}, {6, 2}, {8, 2}, {8, 1}, {5, 1}}) {
       Config c;
       c.shape = {nq, nkv, d};
-      c.dtype = rng.pick<DType>({DType::f32, DType::f16, DType::bf16});
+      c.dtype = test::random_dtype(rng, c.shape.head_dim);
       c.paged = rng.coin();
       c.tree.parent = {-1, 0, 0, 0};
       c.tree.paths = {{0, 1}, {0, 2}, {0, 3}};
@@ -282,7 +296,7 @@ Config fan_out(Rng& rng, const FanOut& k, int64_t p_min, int64_t p_max, int64_t 
   const int n_seq = k.n_seq, n_query = k.n_query;
   Config c;
   c.shape = k.shape;
-  c.dtype = dtype ? *dtype : rng.pick<DType>({DType::f32, DType::f16, DType::bf16});
+  c.dtype = dtype ? *dtype : test::random_dtype(rng, c.shape.head_dim);
   c.paged = rng.coin();
   c.tree.parent.push_back(-1);
   c.seg_len.push_back(rng.uniform_int(p_min, p_max));
@@ -348,7 +362,7 @@ TEST_CASE("edges: empty prefix, empty suffix, empty segments anywhere, batch 1, 
   auto two_level = [&](int64_t prefix, std::vector<int64_t> suffix, int64_t n_query) {
     Config c;
     c.shape = shape;
-    c.dtype = rng.pick<DType>({DType::f32, DType::f16, DType::bf16});
+    c.dtype = test::random_dtype(rng, c.shape.head_dim);
     c.paged = rng.coin();
     c.tree.parent.push_back(-1);
     c.seg_len.push_back(prefix);
@@ -388,7 +402,7 @@ TEST_CASE("chains of segments with the same rows run as one pass, items straddli
   Rng rng(seed);
   Config c;
   c.shape = HeadShape{8, 2, 64};
-  c.dtype = rng.pick<DType>({DType::f32, DType::f16, DType::bf16});
+  c.dtype = test::random_dtype(rng, c.shape.head_dim);
   c.paged = rng.coin();
   // 0 -> 1 -> 2 -> {3, 4}; 3 -> 5. Sequence 0 ends at 5, sequence 1 at 4: segments 0, 1, 2 have both
   // sequences' rows (one pass), 3 and 5 only sequence 0's (one pass), 4 alone.
@@ -524,7 +538,7 @@ TEST_CASE("extreme scores: |s| up to 1e4 stay finite and exact") {
   const uint64_t seed = test::fresh_seed();
   INFO("CASCADE_TEST_SEED=" << seed);
   Rng rng(seed);
-  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+  for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::q8_0}) {
     Config c;
     c.shape = {4, 2, 64};
     c.dtype = dt;
@@ -539,26 +553,38 @@ TEST_CASE("extreme scores: |s| up to 1e4 stay finite and exact") {
     // keys could shift weights by ~1e-3; outputs are checked at that looser bound here.
     std::vector<std::unique_ptr<test::Segment>> store;
     std::vector<KvView> views;
+    bool bf16_exact = true;
     for (int64_t len : c.seg_len) {
       store.push_back(test::make_segment(rng, dt, len, 2, 64, false, c.amp));
       views.push_back(store.back()->view);
+      bf16_exact = bf16_exact && store.back()->bf16_exact;
     }
     const Tree tree = Tree::build(c.shape, c.seg_len, c.tree.paths, c.n_query);
     std::vector<float> q(static_cast<size_t>(tree.n_rows() * 4 * 64));
     for (float& x : q) x = rng.uniform(-c.amp, c.amp);
-    test::round_to_bf16(q);  // exact on every path, bf16 products included
+    // q exact on every path: bf16 products round it to bf16 and int8 products quantize it, so q8_0 K/V on the
+    // int8-product path get q on the q8_0 grid, and a reference of their own.
+    std::vector<float> q_q8 = q;
+    test::round_to_q8_0(q_q8);
+    test::round_to_bf16(q);
     std::vector<double> ref_o(q.size()), ref_lse(static_cast<size_t>(tree.n_rows() * 4));
+    std::vector<double> ref_o_q8(q.size()), ref_lse_q8(ref_lse.size());
     reference_attention(tree, views, q.data(), ref_o.data(), ref_lse.data());
+    reference_attention(tree, views, q_q8.data(), ref_o_q8.data(), ref_lse_q8.data());
     const UnifiedLayout uni = make_unified(tree, views);
     for (const test::KernelPath& path : test::kernel_paths()) {
       INFO("kernel path " << path.name());
+      if (path.rounds_bf16() && dt == DType::q8_0 && !bf16_exact) continue;  // tiles converted to bf16 inexactly
+      const bool quantizes = path.rounds_int8(64) && dt == DType::q8_0;
+      const std::vector<float>& qx = quantizes ? q_q8 : q;
+      const std::vector<double>& want_o = quantizes ? ref_o_q8 : ref_o;
       const test::UsePath use(path);
       std::vector<float> o(q.size()), lse(ref_lse.size());
-      cpu::run(cpu::plan(tree), views, q.data(), o.data(), lse.data());
-      test::expect_close(o, ref_o, 2e-2, 0, "cascade o, extreme");
-      test::expect_close(lse, ref_lse, 0, 1e-5, "cascade lse, extreme");
-      cpu::attend_unified(c.shape, uni.batch, q.data(), o.data(), lse.data());
-      test::expect_close(o, ref_o, 2e-2, 0, "unified o, extreme");
+      cpu::run(cpu::plan(tree), views, qx.data(), o.data(), lse.data());
+      test::expect_close(o, want_o, 2e-2, 0, "cascade o, extreme");
+      test::expect_close(lse, quantizes ? ref_lse_q8 : ref_lse, 0, 1e-5, "cascade lse, extreme");
+      cpu::attend_unified(c.shape, uni.batch, qx.data(), o.data(), lse.data());
+      test::expect_close(o, want_o, 2e-2, 0, "unified o, extreme");
     }
   }
 }
@@ -662,6 +688,7 @@ TEST_CASE("amx tiles: on by default where the process may run them, a scope's se
 TEST_CASE("kernel choice: tier by head dim and shape, products by K/V type and options, kept by the plan") {
   const Isa top = detected_isa();
   const bool bf16_dots = top == Isa::avx512 && cpu_features().avx512_bf16;
+  const bool int8_dots = top == Isa::avx512 && cpu_features().avx512_vnni;
   cpu::KernelOptions opt;
   for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512}) {
     opt.isa_limit = isa;
@@ -671,7 +698,9 @@ TEST_CASE("kernel choice: tier by head dim and shape, products by K/V type and o
         const DType dt = DType(t);
         for (int bp : {0, 1}) {
           opt.bf16_products = bp;
-          INFO("limit " << isa_name(isa) << ", head dim " << d << ", " << dtype_name(dt) << ", bf16 products " << bp);
+          opt.int8_products = bp;
+          INFO("limit " << isa_name(isa) << ", head dim " << d << ", " << dtype_name(dt) << ", bf16 and int8 products "
+                        << bp);
           const KernelChoice tiled = cpu::choose_kernel(KernelShape::tiled, dt, d, opt);
           const KernelChoice few = cpu::choose_kernel(KernelShape::few_rows, dt, d, opt);
           CHECK(tiled.shape == KernelShape::tiled);
@@ -681,8 +710,12 @@ TEST_CASE("kernel choice: tier by head dim and shape, products by K/V type and o
                                                                   : Isa::portable;
           CHECK(few.tier == few_tier);
           const bool bf16_here = dt == DType::bf16 && bp == 1 && bf16_dots;
-          CHECK((tiled.products != Products::f32) == (bf16_here && tier == Isa::avx512 && d % 2 == 0));
+          // q8_0: tiles converted to bf16 for the shared pass, int8 products in the per-sequence one
+          const bool q8 = dt == DType::q8_0 && bp == 1 && d % 32 == 0;
+          const bool tiled_dots = ((bf16_here && d % 2 == 0) || (q8 && bf16_dots)) && tier == Isa::avx512;
+          CHECK((tiled.products != Products::f32) == tiled_dots);
           CHECK((few.products == Products::bf16_dot) == (bf16_here && few_tier == Isa::avx512 && d % 32 == 0));
+          CHECK((few.products == Products::int8_dot) == (q8 && int8_dots && few_tier == Isa::avx512 && d % 64 == 0));
           CHECK(cpu::kernel_runs_here(tiled, dt, d));
           CHECK(cpu::kernel_runs_here(few, dt, d));
           CHECK(cpu::few_rows_limit(d, opt) == (tier != Isa::portable && d % 8 == 0 ? cpu::kFewRows : 0));

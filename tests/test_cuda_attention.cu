@@ -193,9 +193,10 @@ void check(Rng& rng, const Config& cfg, bool exact_compare = true) {
     std::vector<KvView> views;
     for (int s = 0; s < split.tree.n_sequences(); ++s) {
       KvView kv = split.views[static_cast<size_t>(s)];
-      bufs.push_back(std::make_unique<DeviceBuffer>(split.k[static_cast<size_t>(s)].data(), split.k[static_cast<size_t>(s)].size()));
+      const auto& dense = split.kv[static_cast<size_t>(s)];
+      bufs.push_back(std::make_unique<DeviceBuffer>(dense.k.data(), dense.k.size()));
       kv.k = bufs.back()->p;
-      bufs.push_back(std::make_unique<DeviceBuffer>(split.v[static_cast<size_t>(s)].data(), split.v[static_cast<size_t>(s)].size()));
+      bufs.push_back(std::make_unique<DeviceBuffer>(dense.v.data(), dense.v.size()));
       kv.v = bufs.back()->p;
       views.push_back(kv);
     }
@@ -205,7 +206,7 @@ void check(Rng& rng, const Config& cfg, bool exact_compare = true) {
   }
   {
     const UnifiedLayout uni = make_unified(tree, host_views);
-    const DeviceBuffer dk(uni.k.data(), uni.k.size()), dv(uni.v.data(), uni.v.size());
+    const DeviceBuffer dk(uni.kv.k.data(), uni.kv.k.size()), dv(uni.kv.v.data(), uni.kv.v.size());
     cpu::UnifiedBatch b = uni.batch;
     b.kv.k = dk.p;
     b.kv.v = dv.p;

@@ -624,3 +624,55 @@ TEST_CASE("generate: -t above the hardware threads is capped with one note of ou
   CHECK(err.empty());
   CHECK(r.sequences.size() == 2);
 }
+
+// cascade-perplexity on the real model over the start of bench/coriolanus.txt: a perplexity that says something,
+// the K/V types' KL divergence from a saved f32 run (f16: nothing; q8_0: more than nothing, every token's top
+// choice nearly always kept), and bad input as one error line. Its definition is checked in test_llama.cpp.
+TEST_CASE("perplexity tool: a run, a saved run and the KL divergence from it; bad input") {
+  require_model();
+  const std::string tool = CASCADE_BINARY_DIR "/tools/cascade-perplexity";
+  const std::string text = tool_run::temp_path("ppl_text"), saved = tool_run::temp_path("ppl_saved");
+  {
+    std::ofstream out(text, std::ios::binary);
+    out << read_file(CASCADE_SOURCE_DIR "/bench/coriolanus.txt").substr(0, 3000);
+  }
+  const std::string base = std::string("-m ") + kModel + " -f " + text + " -c 128 -t 2 --linear f32 ";
+  const Run f32 = tool_run::run(tool, base + "--kv-type f32 --save-logits " + saved);
+  INFO(f32.err);
+  REQUIRE(f32.rc == 0);
+  double ppl = 0;
+  REQUIRE(std::sscanf(f32.out.c_str(), "perplexity: %lf", &ppl) == 1);
+  CHECK(ppl > 2.0);
+  CHECK(ppl < 1000.0);
+  CHECK(count_lines(f32.err) >= 3);  // a progress line per window
+  for (const char* t : {"f16", "q8_0"}) {
+    CAPTURE(t);
+    const Run r = tool_run::run(tool, base + "--kv-type " + t + " --kl-divergence " + saved);
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    double p = 0, kl = -1, top1 = 0;
+    REQUIRE(std::sscanf(r.out.c_str(), "perplexity: %lf", &p) == 1);
+    const size_t at = r.out.find("KL divergence: mean ");
+    REQUIRE(at != std::string::npos);
+    REQUIRE(std::sscanf(r.out.c_str() + at, "KL divergence: mean %lf, top-1 agreement %lf", &kl, &top1) == 2);
+    CHECK(std::fabs(p - ppl) < 0.05 * ppl);
+    if (std::string(t) == "f16") CHECK(kl < 1e-4);
+    else CHECK((kl > 1e-5 && kl < 0.05));
+    CHECK(top1 > 90.0);
+  }
+  const std::string m = std::string("-m ") + kModel + " ";
+  const std::string mf = m + "-f " + text + " ";
+  for (const std::string& args : {mf + "--bogus", m + "-f /nonexistent/text.txt", mf + "-c 4096", mf + "-c 7",
+                                  mf + "--kv-type q4_0", mf + "-c 64 --kl-divergence " + saved,
+                                  mf + "--kl-divergence " + text, "-f " + text}) {
+    CAPTURE(args);
+    const Run r = tool_run::run(tool, args);
+    INFO(r.err);
+    CHECK(r.rc == 1);
+    CHECK(r.out.empty());
+    CHECK(count_lines(r.err) == 1);
+    CHECK(r.err.rfind("cascade-perplexity: error: ", 0) == 0);
+  }
+  std::remove(text.c_str());
+  std::remove(saved.c_str());
+}

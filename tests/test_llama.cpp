@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "model/gguf.hpp"
 #include "model/kv_cache.hpp"
 #include "model/llama.hpp"
+#include "model/perplexity.hpp"
 #include "model/quant.hpp"
 
 using namespace cascade;
@@ -269,8 +271,19 @@ void rope_ref(std::vector<double>& x, int n_heads, int hd, int pos, double base)
     }
 }
 
-// Logits of every position of a token sequence: (n, n_vocab).
-std::vector<std::vector<double>> reference_logits(const Tiny& t, const std::vector<int32_t>& toks) {
+// K or V of one token as a q8_0 cache holds it: its f32 value quantized per block of 32 (quantize_q8_0 above,
+// written apart from the runtime's) and read back.
+void round_to_q8_0(std::vector<double>& x) {
+  std::vector<float> f(x.begin(), x.end());
+  std::vector<double> back;
+  (void)quantize_q8_0(f, back);
+  x = back;
+}
+
+// Logits of every position of a token sequence: (n, n_vocab). q8_kv: attention reads K and V as a q8_0 cache
+// stores them.
+std::vector<std::vector<double>> reference_logits(const Tiny& t, const std::vector<int32_t>& toks,
+                                                  bool q8_kv = false) {
   const Spec& s = t.spec;
   const int hd = s.n_embd / s.n_head, n = int(toks.size()), group = s.n_head / s.n_head_kv;
   std::vector<std::vector<double>> x(static_cast<size_t>(n));
@@ -285,6 +298,10 @@ std::vector<std::vector<double>> reference_logits(const Tiny& t, const std::vect
       v[p] = matvec(l.v, h);
       rope_ref(q[p], s.n_head, hd, p, s.rope_base);
       rope_ref(k[p], s.n_head_kv, hd, p, s.rope_base);
+      if (q8_kv) {
+        round_to_q8_0(k[p]);
+        round_to_q8_0(v[p]);
+      }
     }
     for (int p = 0; p < n; ++p) {
       std::vector<double> att(size_t(s.n_head) * hd, 0.0);
@@ -391,7 +408,8 @@ void run_scenario(const Tiny& t, AttnMethod method, DType dtype, const Tol& tol,
   prompt_a.insert(prompt_a.end(), tail_a.begin(), tail_a.end());
   prompt_b.insert(prompt_b.end(), tail_b.begin(), tail_b.end());
   {
-    const auto ra = reference_logits(t, prompt_a), rb = reference_logits(t, prompt_b);
+    const bool q8 = dtype == DType::q8_0;
+    const auto ra = reference_logits(t, prompt_a, q8), rb = reference_logits(t, prompt_b, q8);
     const int64_t V = hp.n_vocab;
     for (int r = 0; r < S + 3; ++r)
       check_logits(logits.data() + r * V, ra[r], tol, "prefill row " + std::to_string(r));
@@ -422,7 +440,7 @@ void run_scenario(const Tiny& t, AttnMethod method, DType dtype, const Tol& tol,
     for (size_t i = 0; i < rows.size(); ++i) rows[i] = int64_t(i);
     model.forward(tokens, pos, *decode, rows, logits);
     for (size_t r = 0; r < active.size(); ++r) {
-      const auto ref = reference_logits(t, seq_tokens[active[r]]);
+      const auto ref = reference_logits(t, seq_tokens[active[r]], dtype == DType::q8_0);
       check_logits(logits.data() + r * hp.n_vocab, ref.back(), tol,
                    std::string(attn_method_name(method)) + " step " + std::to_string(step) + " sequence " +
                        std::to_string(active[r]));
@@ -547,6 +565,177 @@ TEST_CASE("llama: bf16 cache within the bf16 tolerance, on bf16 products and in 
       run_scenario(t, m, DType::bf16, {4e-2, 4e-2});
     }
   }
+}
+
+// A q8_0 cache against the reference reading the same quantized K/V (head dim 64: the int8 products take it), so
+// what remains is the products' rounding (and, rarely, a code one step apart where the runtime's f32 K/V and the
+// reference's double straddle a rounding boundary). In f32 products (codes times scales) that is f32 rounding
+// (seen: 8e-6); on int8 products q is quantized to 8 bits per block of 32 (2^-8 of its block's largest value)
+// and the weights of P V to 16 bits, and the shared pass's bf16 tiles round code times scale and q to bf16: on
+// this model twice a bf16 cache's error from its storage (seen: 4.3e-2 against 2.0e-2; an f16 cache 2.1e-3).
+// A wrong scale, code or block lands at O(1).
+TEST_CASE("llama: q8_0 cache against the reference on the same quantized K/V, on each products path") {
+  Spec s;
+  s.n_embd = 256, s.n_ff = 128, s.n_head = 4, s.n_head_kv = 2;
+  const Tiny t = make_tiny(s, 12);
+  struct Path {
+    bool int8, bf16;
+    Tol tol;
+  };
+  for (const Path& p : {Path{false, false, {1e-4, 1e-4}}, Path{true, false, {8e-2, 8e-2}},
+                        Path{false, true, {8e-2, 8e-2}}, Path{true, true, {8e-2, 8e-2}}}) {
+    const cpu::Int8Products int8(p.int8);
+    const cpu::Bf16Products bf16(p.bf16);
+    for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified, AttnMethod::auto_}) {
+      CAPTURE(attn_method_name(m));
+      CAPTURE(p.int8);
+      CAPTURE(p.bf16);
+      run_scenario(t, m, DType::q8_0, p.tol, 20);
+    }
+  }
+}
+
+TEST_CASE("llama: a q8_0 cache generates the same text twice with every method") {
+  Spec s;
+  s.n_embd = 128, s.n_ff = 64, s.n_head = 2, s.n_head_kv = 1;
+  const Tiny t = make_tiny(s, 13);
+  const gguf::File file = gguf::File::from_bytes(t.bytes, "tiny.gguf");
+  const llama::Model model = llama::Model::load(file);
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3, 4, 5, 6}, {1, 2, 3, 9}, {7}};
+  GenerateParams gp;
+  gp.n_predict = 12;
+  gp.n_parallel = 3;
+  gp.sampling.temp = 1.0f;
+  gp.sampling.top_k = 0;
+  gp.sampling.top_p = 1.0f;
+  gp.sampling.min_p = 0.0f;
+  gp.sampling.seed = 5;
+  gp.kv_dtype = DType::q8_0;
+  for (AttnMethod m : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified, AttnMethod::auto_}) {
+    CAPTURE(attn_method_name(m));
+    gp.attn = m;
+    const GenerateResult a = generate(model, prompts, gp, [](int32_t) { return false; });
+    const GenerateResult b = generate(model, prompts, gp, [](int32_t) { return false; });
+    REQUIRE(a.sequences.size() == 9);
+    for (size_t i = 0; i < a.sequences.size(); ++i) {
+      CAPTURE(i);
+      CHECK(a.sequences[i].tokens.size() == 12);
+      CHECK(b.sequences[i].tokens == a.sequences[i].tokens);
+    }
+  }
+  // Storage is where q8_0 differs: a q8_0 cache holds 1.0625 bytes an element.
+  KvCache::Entry e{0, 3, 0};
+  TreeCache c(1, {2, 1, 64}, DType::q8_0);
+  e.id = c.add_segment(-1);
+  c.begin_step({e});
+  std::vector<float> kv(3 * 64, 0.5f);
+  c.store(0, kv.data(), kv.data());
+  CHECK(c.kv_bytes() == size_t(3 * 2 * (64 + 2 * 2)));
+  CHECK_THROWS_AS(TreeCache(1, {2, 1, 48}, DType::q8_0), Error);
+}
+
+// Perplexity as llama.cpp defines it (perplexity.hpp), computed here from the double reference's logits of each
+// window (first token replaced by BOS) over the positions n_ctx / 2 .. n_ctx - 2; the runtime's f32 path and f32
+// K/V give it to f32 rounding. KL divergence: the saved (f16) log-probabilities of the reference against its logits
+// at another temperature, against the KL computed here in double (f16's rounding of a log-probability,
+// 2^-11 relative, bounds the difference).
+TEST_CASE("perplexity: windows scored as llama.cpp does, against exp(mean NLL) of the reference; KL divergence") {
+  const Tiny t = make_tiny(Spec{}, 14);
+  const gguf::File file = gguf::File::from_bytes(t.bytes, "tiny.gguf");
+  const llama::Model model = llama::Model::load(file, llama::LinearPath::f32);
+  const int64_t V = t.spec.n_vocab;
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int32_t> tok(0, t.spec.n_vocab - 1);
+  PerplexityParams p;
+  p.n_ctx = 16;
+  p.n_batch = 5;  // windows in several passes
+  p.kv_dtype = DType::f32;
+  p.bos = 1;
+  std::vector<int32_t> tokens(size_t(3 * p.n_ctx + 7));  // three windows, 7 tokens left out
+  for (int32_t& x : tokens) x = tok(rng);
+
+  const std::string saved = (std::filesystem::temp_directory_path() / "cascade_test_kl.bin").string();
+  NllSum nll;
+  KlSum kl;
+  double ref_nll = 0, ref_kl = 0;
+  int64_t ref_n = 0, ref_same = 0;
+  std::vector<std::vector<double>> ref_windows;
+  {
+    LogProbWriter w(saved, p.n_ctx, V, tokens);
+    run_windows(model, tokens, p, [&](int64_t win, const std::vector<float>& logits, const int32_t* targets) {
+      REQUIRE(int64_t(logits.size()) == n_scored_per_window(p.n_ctx) * V);
+      std::vector<int32_t> window(tokens.begin() + win * p.n_ctx, tokens.begin() + (win + 1) * p.n_ctx);
+      window[0] = p.bos;
+      const auto ref = reference_logits(t, window);
+      std::vector<float> base;
+      for (int64_t pos = p.n_ctx / 2, r = 0; pos <= p.n_ctx - 2; ++pos, ++r) {
+        CHECK(targets[r] == window[size_t(pos + 1)]);
+        nll.add(token_nll(logits.data() + r * V, V, targets[r]));
+        const std::vector<double>& x = ref[size_t(pos)];
+        double mx = -1e300, z = 0;
+        for (double v : x) mx = std::max(mx, v);
+        for (double v : x) z += std::exp(v - mx);
+        ref_nll += mx + std::log(z) - x[size_t(window[size_t(pos + 1)])];
+        ++ref_n;
+        for (double v : x) base.push_back(float(v));
+      }
+      w.add_window(base);
+    });
+    w.close();
+  }
+  CHECK(nll.n == 3 * (p.n_ctx - p.n_ctx / 2 - 1));
+  CHECK(ref_n == nll.n);
+  CHECK(std::fabs(nll.perplexity() - std::exp(ref_nll / double(ref_n))) <= 1e-5 * nll.perplexity());
+
+  // KL of the reference at temperature 1 (saved) from the same logits at temperature 1 / 0.7.
+  LogProbReader r(saved, p.n_ctx, V, tokens);
+  run_windows(model, tokens, p, [&](int64_t, const std::vector<float>& logits, const int32_t*) {
+    const std::vector<f16>& b = r.next_window();
+    for (int64_t row = 0; row < n_scored_per_window(p.n_ctx); ++row) {
+      std::vector<float> hot(static_cast<size_t>(V));
+      std::vector<double> lb(static_cast<size_t>(V)), lh(static_cast<size_t>(V));
+      const float* x = logits.data() + row * V;
+      double mb = -1e300, mh = -1e300, zb = 0, zh = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        hot[size_t(v)] = 0.7f * x[v];
+        mb = std::max(mb, double(x[v]));
+        mh = std::max(mh, double(hot[size_t(v)]));
+      }
+      for (int64_t v = 0; v < V; ++v) {
+        zb += std::exp(double(x[v]) - mb);
+        zh += std::exp(double(hot[size_t(v)]) - mh);
+      }
+      double k = 0;
+      int64_t top_b = 0, top_h = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        lb[size_t(v)] = double(x[v]) - mb - std::log(zb);
+        lh[size_t(v)] = double(hot[size_t(v)]) - mh - std::log(zh);
+        k += std::exp(lb[size_t(v)]) * (lb[size_t(v)] - lh[size_t(v)]);
+        if (lb[size_t(v)] > lb[size_t(top_b)]) top_b = v;
+        if (lh[size_t(v)] > lh[size_t(top_h)]) top_h = v;
+      }
+      ref_kl += k;
+      ref_same += top_b == top_h;
+      kl.add(b.data() + row * V, hot.data(), V);
+    }
+  });
+  std::filesystem::remove(saved);
+  CHECK(kl.n == nll.n);
+  CHECK(ref_kl / double(kl.n) > 1e-3);  // a KL that says something
+  CHECK(std::fabs(kl.mean() - ref_kl / double(kl.n)) <= 2e-3 * ref_kl / double(kl.n) + 1e-5);
+  CHECK(kl.n_top1_same == ref_same);
+
+  // Fewer than two windows' tokens, a file saved for another text or window: errors.
+  CHECK_THROWS_AS(run_windows(model, std::vector<int32_t>(size_t(2 * p.n_ctx - 1), 1), p, {}), Error);
+  {
+    LogProbWriter w(saved, p.n_ctx, V, tokens);
+    w.close();
+  }
+  std::vector<int32_t> other = tokens;
+  other[3] = (other[3] + 1) % int32_t(V);
+  CHECK_THROWS_WITH_AS(LogProbReader(saved, p.n_ctx, V, other), doctest::Contains("another text"), Error);
+  CHECK_THROWS_WITH_AS(LogProbReader(saved, 8, V, tokens), doctest::Contains("windows of 16"), Error);
+  std::filesystem::remove(saved);
 }
 
 namespace {

@@ -294,33 +294,43 @@ TEST_CASE("server engine: cancelled requests, mid-prefill or mid-decode, give th
   }
 }
 
+// q8_0 K/V: the budget counts its real bytes (a byte a code, two a scale of 32 codes).
 TEST_CASE("server engine: under a small K/V budget unused prefixes are evicted, running requests keep theirs") {
   const Loaded& m = loaded();
-  // Prompts of ~75 tokens, each its own beginning; the budget holds about three of them with their output.
-  std::vector<std::string> texts;
-  for (int i = 0; i < 6; ++i)
-    texts.push_back("Story number " + std::to_string(i) + ". " + kPrompts[size_t(i) % kPrompts.size()] + " " +
-                    kPrompts[size_t(i + 1) % kPrompts.size()] + " " + kPrompts[size_t(i + 2) % kPrompts.size()]);
-  const auto prompts = encode_all(m.tok, texts);
-  Engine roomy(m.model, m.tok, config(AttnMethod::cascade, 6));
-  std::vector<Client> want;
-  for (const auto& p : prompts) want.push_back({submit(roomy, request(p, 1, 8)), {}});
-  std::vector<Client*> all_want;
-  for (Client& cl : want) all_want.push_back(&cl);
-  run(roomy, all_want);
+  for (DType dt : {DType::f16, DType::q8_0}) {
+    CAPTURE(dtype_name(dt));
+    // Prompts of ~75 tokens, each its own beginning; the budget holds about three of them with their output.
+    std::vector<std::string> texts;
+    for (int i = 0; i < 6; ++i)
+      texts.push_back("Story number " + std::to_string(i) + ". " + kPrompts[size_t(i) % kPrompts.size()] + " " +
+                      kPrompts[size_t(i + 1) % kPrompts.size()] + " " + kPrompts[size_t(i + 2) % kPrompts.size()]);
+    const auto prompts = encode_all(m.tok, texts);
+    EngineConfig rc = config(AttnMethod::cascade, 6);
+    rc.kv_dtype = dt;
+    Engine roomy(m.model, m.tok, rc);
+    std::vector<Client> want;
+    for (const auto& p : prompts) want.push_back({submit(roomy, request(p, 1, 8)), {}});
+    std::vector<Client*> all_want;
+    for (Client& cl : want) all_want.push_back(&cl);
+    run(roomy, all_want);
 
-  EngineConfig c = config(AttnMethod::cascade, 2);
-  c.kv_budget = 250 * Engine(m.model, m.tok, c).kv_token_bytes();
-  Engine e(m.model, m.tok, c);
-  std::vector<Client> clients;
-  for (const auto& p : prompts) clients.push_back({submit(e, request(p, 1, 8)), {}});
-  std::vector<Client*> all;
-  for (Client& cl : clients) all.push_back(&cl);
-  run(e, all, c.kv_budget);
-  for (size_t i = 0; i < prompts.size(); ++i) CHECK(clients[i].answer.text == want[i].answer.text);
-  CHECK(e.metrics().evicted_tokens > 0);
-  // A request that could never fit is refused up front.
-  CHECK(e.check(request(prompts[0], 2, 300)).message.find("--kv-budget") != std::string::npos);
+    EngineConfig c = config(AttnMethod::cascade, 2);
+    c.kv_dtype = dt;
+    const llama::Hparams& hp = m.model.hparams();
+    const int64_t elems = hp.n_layer * 2 * hp.n_head_kv * hp.head_dim;  // K and V of one token, every layer
+    CHECK(Engine(m.model, m.tok, c).kv_token_bytes() == (dt == DType::q8_0 ? elems + elems / 32 * 2 : elems * 2));
+    c.kv_budget = 250 * Engine(m.model, m.tok, c).kv_token_bytes();
+    Engine e(m.model, m.tok, c);
+    std::vector<Client> clients;
+    for (const auto& p : prompts) clients.push_back({submit(e, request(p, 1, 8)), {}});
+    std::vector<Client*> all;
+    for (Client& cl : clients) all.push_back(&cl);
+    run(e, all, c.kv_budget);
+    for (size_t i = 0; i < prompts.size(); ++i) CHECK(clients[i].answer.text == want[i].answer.text);
+    CHECK(e.metrics().evicted_tokens > 0);
+    // A request that could never fit is refused up front.
+    CHECK(e.check(request(prompts[0], 2, 300)).message.find("--kv-budget") != std::string::npos);
+  }
 }
 
 TEST_CASE("server engine: stop strings, max_tokens 0, the queue's bound, requests that cannot fit") {

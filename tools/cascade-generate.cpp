@@ -4,7 +4,7 @@
 //   cascade-generate [-m MODEL.gguf] [-p TEXT | -f FILE] [-n N] [-np N] [-c N] [-t N] [-b N] [--temp T]
 //                    [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--presence-penalty P]
 //                    [--frequency-penalty F] [-s SEED] [--attn auto|cascade|split|unified]
-//                    [--cost-model FILE] [--recalibrate] [--kv-type f16|bf16|f32] [--chat] [--ignore-eos]
+//                    [--cost-model FILE] [--recalibrate] [--kv-type f16|bf16|q8_0|f32] [--chat] [--ignore-eos]
 //                    [--stats-every N] [--stream] [--json]
 //
 // stdout: each sequence's text (or, with --json, one JSON object). stderr: the startup line, notes, the
@@ -86,7 +86,8 @@ constexpr const char* kUsage =
     "                        calibrated at the start and written to FILE\n"
     "  --recalibrate         calibrate auto's profile anew and store it (in the cache, or FILE)\n"
     "  --kv-type TYPE        K/V storage: f16 (default), bf16 (multiplied on bf16 dot products where the\n"
-    "                        CPU runs them faster than f32 FMAs) or f32\n"
+    "                        CPU runs them faster than f32 FMAs), q8_0 (int8 codes and a scale per 32 values,\n"
+    "                        about half of f16's bytes, as llama.cpp's -ctk q8_0 -ctv q8_0) or f32\n"
     "  --chat                wrap each prompt in the model's chat template as a user message\n"
     "  --ignore-eos          keep generating past end-of-generation tokens (fixed-length runs for timing)\n"
     "  --stats-every N       print the decode step time every N steps (default 0: off)\n"
@@ -194,7 +195,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
       o.recalibrate = true;
     } else if (a == "--kv-type") {
       const std::string v = value();
-      CASCADE_CHECK(v == "f16" || v == "bf16" || v == "f32", "--kv-type must be f16, bf16 or f32 (got '", v, "')");
+      CASCADE_CHECK(v == "f16" || v == "bf16" || v == "q8_0" || v == "f32",
+                    "--kv-type must be f16, bf16, q8_0 or f32 (got '", v, "')");
       o.gen.kv_dtype = cascade::parse_dtype(v);
     } else if (a == "--chat") {
       o.chat = true;
@@ -369,8 +371,8 @@ void check_cache_fits(const Options& o, const cascade::llama::Hparams& hp,
   }
   const double tokens = cascade::peak_kv_tokens(o.gen.attn, cascade::make_prompt_tree(prompts).n_tokens(),
                                                 prompt_tokens, o.gen.n_parallel, gen_tokens);
-  const double need = tokens * double(hp.n_layer) * 2.0 * double(hp.n_head_kv) * double(hp.head_dim) *
-                      double(cascade::dtype_size(o.gen.kv_dtype));
+  const double need = tokens * double(hp.n_layer) * 2.0 *
+                      double(cascade::kv_row_bytes(o.gen.kv_dtype, hp.n_head_kv, hp.head_dim));
   CASCADE_CHECK(avail == 0 || need <= double(avail), "the K/V cache would need ", gib(need), " (",
                 int64_t(tokens), " tokens x ", hp.n_layer, " layers), but only ", gib(double(avail)),
                 " of memory is available: lower -np, -n or -c");

@@ -3,8 +3,9 @@
 // sequences below it (server/engine.hpp, server/api.hpp).
 //
 //   cascade-server [-m MODEL.gguf] [--host H] [--port P] [-np N] [-c N] [-t N] [-b N] [--queue N]
-//                  [--attn auto|cascade|split|unified] [--kv-budget MIB] [--kv-type f16|bf16|f32] [--api-key KEY]
-//                  [--chat-template NAME|FILE] [--alias NAME] [--max-tokens N] [--http-threads N] [--max-body BYTES]
+//                  [--attn auto|cascade|split|unified] [--kv-budget MIB] [--kv-type f16|bf16|q8_0|f32]
+//                  [--api-key KEY] [--chat-template NAME|FILE] [--alias NAME] [--max-tokens N] [--http-threads N]
+//                  [--max-body BYTES]
 //                  [--read-timeout S] [--request-timeout S] [--idle-timeout S] [--shutdown-timeout S]
 //
 // stderr: one line when listening (`cascade-server: listening on http://HOST:PORT ...`), one when stopping.
@@ -65,7 +66,8 @@ constexpr const char* kUsage =
     "  --kv-budget MIB         K/V kept, cached prefixes included; unused cached prefixes are evicted least\n"
     "                          recently used first (default: 2 x -np x -c tokens' worth)\n"
     "  --kv-type TYPE          K/V storage: f16 (default), bf16 (multiplied on bf16 dot products where the\n"
-    "                          CPU runs them faster than f32 FMAs) or f32\n"
+    "                          CPU runs them faster than f32 FMAs), q8_0 (int8 codes and a scale per 32\n"
+    "                          values, about half of f16's bytes, as llama.cpp's -ctk q8_0 -ctv q8_0) or f32\n"
     "  --api-key KEY           require `Authorization: Bearer KEY` (all endpoints but /health)\n"
     "  --chat-template NAME    chatml, llama3, phi3, gemma, mistral, or a file holding a template to recognize\n"
     "                          (default: the model's)\n"
@@ -135,7 +137,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
       o.kv_budget_mib = parse_int(a, value(), 1, int64_t(1) << 30);
     } else if (a == "--kv-type") {
       const std::string v = value();
-      CASCADE_CHECK(v == "f16" || v == "bf16" || v == "f32", "--kv-type must be f16, bf16 or f32 (got '", v, "')");
+      CASCADE_CHECK(v == "f16" || v == "bf16" || v == "q8_0" || v == "f32",
+                    "--kv-type must be f16, bf16, q8_0 or f32 (got '", v, "')");
       o.engine.kv_dtype = cascade::parse_dtype(v);
     } else if (a == "--api-key") {
       o.api_key = value();

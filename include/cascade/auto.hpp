@@ -83,7 +83,7 @@ struct CostModel {
     return pass_seconds(shape, target, kv_bytes(shape, dtype, n_tokens), n_tokens, n_token_rows);
   }
   static double kv_bytes(const HeadShape& shape, DType dtype, int64_t n_tokens) {
-    return 2.0 * double(n_tokens) * shape.n_kv_heads * shape.head_dim * double(dtype_size(dtype));
+    return 2.0 * double(n_tokens) * shape.n_kv_heads * shape.head_dim * kv_element_bytes(dtype);
   }
 
   // Predicted seconds of the schedule of `tree` on `target`: the sum of its passes (a chain of segments

@@ -23,6 +23,7 @@
 #include "cascade/kv.hpp"
 #include "cascade/layouts.hpp"
 #include "cascade/plan.hpp"
+#include "cascade/q8_0.hpp"
 #include "cascade/reference.hpp"
 #include "cascade/schedule.hpp"
 #include "cascade/state.hpp"

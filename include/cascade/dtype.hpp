@@ -1,5 +1,7 @@
 // K/V element types and their conversion to f32. Queries, outputs and all arithmetic are f32;
-// K/V may be stored as f32, f16 (IEEE half) or bf16 (upper 16 bits of an f32).
+// K/V may be stored as f32, f16 (IEEE half), bf16 (upper 16 bits of an f32) or q8_0: int8 codes with one f16
+// scale per 32 elements of a head's row, element = code * scale (q8_0.hpp quantizes; kv.hpp says where the
+// scales sit).
 #pragma once
 
 #include "cascade/simd.hpp"  // first: it brings in the intrinsics
@@ -17,18 +19,30 @@ using f16 = Eigen::half;
 using bf16 = Eigen::bfloat16;
 static_assert(sizeof(f16) == 2 && sizeof(bf16) == 2);
 
-enum class DType : uint8_t { f32, f16, bf16 };
-inline constexpr int kNumDTypes = 3;
+enum class DType : uint8_t { f32, f16, bf16, q8_0 };
+inline constexpr int kNumDTypes = 4;
+
+// The element dispatch_dtype names for q8_0 K/V: one int8 code as stored in the codes array. It converts to
+// nothing on its own (its scale is elsewhere), so code written for the float types does not compile for it.
+struct Q8Code {
+  int8_t code;
+};
 
 template <class T> struct dtype_of;
 template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
 template <> struct dtype_of<f16> { static constexpr DType value = DType::f16; };
 template <> struct dtype_of<bf16> { static constexpr DType value = DType::bf16; };
+template <> struct dtype_of<Q8Code> { static constexpr DType value = DType::q8_0; };
 template <class T> inline constexpr DType dtype_of_v = dtype_of<T>::value;
 
-inline constexpr int64_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
+// Bytes of one element of a view's K or V array as stored: for q8_0 its code (the scales are a second array).
+inline constexpr int64_t dtype_size(DType t) { return t == DType::f32 ? 4 : t == DType::q8_0 ? 1 : 2; }
 
-inline constexpr detail::Named<DType> kDTypeNames[] = {{DType::f32, "f32"}, {DType::f16, "f16"}, {DType::bf16, "bf16"}};
+// Bytes an element takes in all: q8_0's code and its share of its block's f16 scale (34 bytes per 32).
+inline constexpr double kv_element_bytes(DType t) { return t == DType::q8_0 ? 34.0 / 32.0 : double(dtype_size(t)); }
+
+inline constexpr detail::Named<DType> kDTypeNames[] = {
+    {DType::f32, "f32"}, {DType::f16, "f16"}, {DType::bf16, "bf16"}, {DType::q8_0, "q8_0"}};
 inline const char* dtype_name(DType t) { return detail::name_of(t, kDTypeNames); }
 inline DType parse_dtype(std::string_view s) { return detail::parse_named(s, kDTypeNames, "K/V dtype"); }
 
@@ -81,6 +95,7 @@ decltype(auto) dispatch_dtype(DType dt, F&& f) {
     case DType::f32: return f.template operator()<float>();
     case DType::f16: return f.template operator()<f16>();
     case DType::bf16: return f.template operator()<bf16>();
+    case DType::q8_0: return f.template operator()<Q8Code>();
   }
   detail::fail("invalid K/V dtype ", static_cast<int>(dt));
 }

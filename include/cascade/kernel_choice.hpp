@@ -15,9 +15,11 @@ namespace cascade {
 // per KV head, every KV head of a token range in one call (the per-sequence passes).
 enum class KernelShape : uint8_t { tiled, few_rows };
 
-// How a kernel multiplies: K/V converted to f32 and f32 multiply-adds; bf16 K/V on bf16 dot products (vdpbf16ps,
-// q and the softmax weights rounded to bf16); or bf16 K/V on AMX tiles (the same rounding).
-enum class Products : uint8_t { f32, bf16_dot, amx_bf16 };
+// How a kernel multiplies: K/V converted to f32 (q8_0: codes times their scales, in registers) and f32
+// multiply-adds; bf16 K/V on bf16 dot products (vdpbf16ps, q and the softmax weights rounded to bf16); bf16 K/V on
+// AMX tiles (the same rounding); or q8_0 K/V on int8 dot products (vpdpbusd: S = Q K^T with q quantized to int8 as
+// K is, per block of 32; P V in f32).
+enum class Products : uint8_t { f32, bf16_dot, amx_bf16, int8_dot };
 
 inline const char* kernel_shape_name(KernelShape s) { return s == KernelShape::tiled ? "tiled" : "few-rows"; }
 
@@ -26,6 +28,7 @@ inline const char* products_name(Products p) {
     case Products::f32: return "f32";
     case Products::bf16_dot: return "bf16-dot";
     case Products::amx_bf16: return "amx-bf16";
+    case Products::int8_dot: return "int8-dot";
   }
   return "?";
 }

@@ -19,30 +19,43 @@
 namespace cascade {
 
 namespace layout_detail {
-// Appends tokens [0, kv.n_tokens) of kv to k/v (dense (n, n_kv_heads, head_dim) rows of elem bytes).
-inline void append_tokens(const KvView& kv, std::vector<uint8_t>& k, std::vector<uint8_t>& v) {
+// K/V stored dense, (n_tokens, n_kv_heads, head_dim) elements; q8_0 scales (n_tokens, n_kv_heads, head_dim / 32)
+// beside them (empty for the other types).
+struct DenseKv {
+  std::vector<uint8_t> k, v, k_scales, v_scales;
+  size_t bytes() const { return k.size() + v.size() + k_scales.size() + v_scales.size(); }
+};
+
+// Appends tokens [0, kv.n_tokens) of kv to out.
+inline void append_tokens(const KvView& kv, DenseKv& out) {
   const int64_t es = dtype_size(kv.dtype);
-  const int64_t row_bytes = es * kv.head_dim;
+  const int64_t row_bytes = es * kv.head_dim, scale_bytes = kv.head_dim / kQ8Block * 2;
+  const auto bytes = [](const void* p) { return static_cast<const uint8_t*>(p); };
   for (int64_t t = 0; t < kv.n_tokens; ++t) {
     for (int h = 0; h < kv.n_kv_heads; ++h) {
       const int64_t off = kv.offset(t, h) * es;
-      const auto* ks = static_cast<const uint8_t*>(kv.k) + off;
-      const auto* vs = static_cast<const uint8_t*>(kv.v) + off;
-      k.insert(k.end(), ks, ks + row_bytes);
-      v.insert(v.end(), vs, vs + row_bytes);
+      out.k.insert(out.k.end(), bytes(kv.k) + off, bytes(kv.k) + off + row_bytes);
+      out.v.insert(out.v.end(), bytes(kv.v) + off, bytes(kv.v) + off + row_bytes);
+      if (kv.dtype != DType::q8_0) continue;
+      const int64_t so = kv.scale_offset(t, h) * 2;
+      out.k_scales.insert(out.k_scales.end(), bytes(kv.k_scales) + so, bytes(kv.k_scales) + so + scale_bytes);
+      out.v_scales.insert(out.v_scales.end(), bytes(kv.v_scales) + so, bytes(kv.v_scales) + so + scale_bytes);
     }
   }
 }
 
-inline KvView dense_view(DType dt, const std::vector<uint8_t>& k, const std::vector<uint8_t>& v, int64_t n_tokens,
-                         int n_kv_heads, int head_dim) {
+inline KvView dense_view(DType dt, const DenseKv& b, int64_t n_tokens, int n_kv_heads, int head_dim) {
   KvView kv;
   kv.dtype = dt;
   kv.n_tokens = n_tokens;
   kv.n_kv_heads = n_kv_heads;
   kv.head_dim = head_dim;
-  kv.k = k.data();
-  kv.v = v.data();
+  kv.k = b.k.data();
+  kv.v = b.v.data();
+  if (dt == DType::q8_0) {
+    kv.k_scales = b.k_scales.data();
+    kv.v_scales = b.v_scales.data();
+  }
   kv.stride_head = head_dim;
   kv.stride_token = int64_t(n_kv_heads) * head_dim;
   return kv;
@@ -50,7 +63,7 @@ inline KvView dense_view(DType dt, const std::vector<uint8_t>& k, const std::vec
 }  // namespace layout_detail
 
 struct SplitLayout {
-  std::vector<std::vector<uint8_t>> k, v;  // per sequence: (n_keys, n_kv_heads, head_dim)
+  std::vector<layout_detail::DenseKv> kv;  // per sequence: (n_keys, n_kv_heads, head_dim)
   Tree tree;                               // Tree::independent: sequence s attends segment s
   std::vector<KvView> views;               // segment s: sequence s's buffer
   SplitLayout() = default;
@@ -58,7 +71,7 @@ struct SplitLayout {
   SplitLayout& operator=(SplitLayout&&) = default;
   size_t kv_bytes() const {
     size_t n = 0;
-    for (const auto& b : k) n += 2 * b.size();
+    for (const auto& b : kv) n += b.bytes();
     return n;
   }
 };
@@ -69,8 +82,7 @@ inline SplitLayout make_split(const Tree& tree, std::span<const KvView> kv) {
   const HeadShape& shape = tree.shape();
   const size_t n_seq = size_t(tree.n_sequences());
   SplitLayout out;
-  out.k.resize(n_seq);
-  out.v.resize(n_seq);
+  out.kv.resize(n_seq);
   out.views.resize(n_seq);
   std::vector<int64_t> n_query(n_seq), n_keys(n_seq);
   for (size_t s = 0; s < n_seq; ++s) {
@@ -78,9 +90,9 @@ inline SplitLayout make_split(const Tree& tree, std::span<const KvView> kv) {
     const DType dt = sq.path.empty() ? DType::f32 : kv[size_t(sq.path[0])].dtype;
     for (int g : sq.path) {
       CASCADE_CHECK(kv[size_t(g)].dtype == dt, "make_split: sequence ", s, " mixes K/V dtypes");
-      layout_detail::append_tokens(kv[size_t(g)], out.k[s], out.v[s]);
+      layout_detail::append_tokens(kv[size_t(g)], out.kv[s]);
     }
-    out.views[s] = layout_detail::dense_view(dt, out.k[s], out.v[s], sq.n_keys, shape.n_kv_heads, shape.head_dim);
+    out.views[s] = layout_detail::dense_view(dt, out.kv[s], sq.n_keys, shape.n_kv_heads, shape.head_dim);
     n_query[s] = sq.n_query;
     n_keys[s] = sq.n_keys;
   }
@@ -89,7 +101,7 @@ inline SplitLayout make_split(const Tree& tree, std::span<const KvView> kv) {
 }
 
 struct UnifiedLayout {
-  std::vector<uint8_t> k, v;          // (n_keys, n_kv_heads, head_dim)
+  layout_detail::DenseKv kv;          // (n_keys, n_kv_heads, head_dim)
   std::vector<uint64_t> key_seqs;     // (n_keys, n_words)
   std::vector<int32_t> key_pos;       // (n_keys)
   std::vector<int32_t> row_seq, row_pos;  // (n_rows)
@@ -98,7 +110,7 @@ struct UnifiedLayout {
   UnifiedLayout() = default;
   UnifiedLayout(UnifiedLayout&&) = default;  // batch points into the vectors: move, never copy
   UnifiedLayout& operator=(UnifiedLayout&&) = default;
-  size_t kv_bytes() const { return k.size() + v.size(); }
+  size_t kv_bytes() const { return kv.bytes(); }
 };
 
 // Every segment stored once, in segment order; all segments must share one dtype.
@@ -124,7 +136,7 @@ inline UnifiedLayout make_unified(const Tree& tree, std::span<const KvView> kv) 
   int64_t n_keys = 0;
   for (size_t g = 0; g < n_seg; ++g) {
     CASCADE_CHECK(kv[g].dtype == dt, "make_unified: segments mix K/V dtypes");
-    layout_detail::append_tokens(kv[g], u.k, u.v);
+    layout_detail::append_tokens(kv[g], u.kv);
     for (int64_t t = 0; t < kv[g].n_tokens; ++t) {
       u.key_pos.push_back(int32_t(seg_start[g] + t));
       const size_t w0 = u.key_seqs.size();
@@ -140,7 +152,7 @@ inline UnifiedLayout make_unified(const Tree& tree, std::span<const KvView> kv) 
       u.row_pos.push_back(int32_t(sq.n_keys - sq.n_query + i));
     }
   }
-  u.batch.kv = layout_detail::dense_view(dt, u.k, u.v, n_keys, shape.n_kv_heads, shape.head_dim);
+  u.batch.kv = layout_detail::dense_view(dt, u.kv, n_keys, shape.n_kv_heads, shape.head_dim);
   u.batch.key_seqs = u.key_seqs.data();
   u.batch.n_words = n_words;
   u.batch.key_pos = u.key_pos.data();

@@ -16,7 +16,8 @@
 namespace cascade {
 
 // Element i of head h of token t of K (base = kv.k) or V (base = kv.v), as a double: the plain reading of
-// a view's layout (kv.hpp), without its helpers.
+// a view's layout (kv.hpp), without its helpers. q8_0: the code times its block's scale, from k_scales or
+// v_scales as base is K or V.
 inline double kv_element(const KvView& kv, const void* base, int64_t t, int64_t h, int64_t i) {
   int64_t off;
   if (kv.block_table) {
@@ -29,6 +30,10 @@ inline double kv_element(const KvView& kv, const void* base, int64_t t, int64_t 
     case DType::f32: return static_cast<const float*>(base)[off];
     case DType::f16: return double(to_float(static_cast<const f16*>(base)[off]));
     case DType::bf16: return double(to_float(static_cast<const bf16*>(base)[off]));
+    case DType::q8_0: {
+      const f16* scales = static_cast<const f16*>(base == kv.v ? kv.v_scales : kv.k_scales);
+      return double(static_cast<const int8_t*>(base)[off]) * double(float(scales[off / 32]));
+    }
   }
   return 0;
 }

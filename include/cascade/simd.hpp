@@ -57,6 +57,9 @@
 #define CASCADE_TARGET_AVX512_BF16_BEGIN                                                                         \
   _Pragma("clang attribute push(__attribute__((target(\"avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c\"))), \
           apply_to = function)")
+#define CASCADE_TARGET_AVX512_VNNI_BEGIN                                                                         \
+  _Pragma("clang attribute push(__attribute__((target(\"avx512vnni,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c\"))), \
+          apply_to = function)")
 #define CASCADE_TARGET_END _Pragma("clang attribute pop")
 #elif CASCADE_X86 && defined(__GNUC__)
 #define CASCADE_TARGET_AVX2_BEGIN _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma,f16c\")")
@@ -65,6 +68,9 @@
 #define CASCADE_TARGET_AVX512_BF16_BEGIN \
   _Pragma("GCC push_options")            \
       _Pragma("GCC target(\"avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c\")")
+#define CASCADE_TARGET_AVX512_VNNI_BEGIN \
+  _Pragma("GCC push_options")            \
+      _Pragma("GCC target(\"avx512vnni,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c\")")
 #define CASCADE_TARGET_END _Pragma("GCC pop_options")
 #endif
 

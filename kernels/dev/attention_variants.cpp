@@ -1,7 +1,7 @@
 // cascade-kernel-variants: the CPU attention kernels side by side, one work item at a time.
 //
-//   cascade-kernel-variants VARIANT [--rows R] [--heads H] [--keys N] [--dim D] [--kv-dtype f32|f16|bf16]
-//                           [--reps N] [--cold]
+//   cascade-kernel-variants VARIANT [--rows R] [--heads H] [--keys N] [--dim D]
+//                           [--kv-dtype f32|f16|bf16|q8_0] [--reps N] [--cold]
 //
 // A work item: R stacked query rows per KV head, H KV heads, N keys, head dim D. The variant runs on one
 // thread; its output is first checked element by element against a double-precision reference
@@ -11,8 +11,9 @@
 // those), and GB/s of
 // K/V read against the read bandwidth.
 //
-// Variants (production kernels are 1-7, 18 and 19; the rest are register-blocking alternatives of the same templates,
-// kept to show why production picks what it picks):
+// Variants (production kernels are 1-7, 18-20; the rest are register-blocking alternatives of the same templates,
+// kept to show why production picks what it picks). With q8_0 K/V, q is put on the q8_0 grid (which variant 20
+// quantizes exactly), and variants 2, 3, 6 and 7 multiply codes times scales in f32:
 //   1  portable tiled (Eigen products), one head at a time
 //   2  AVX2 tiled: 8 rows x 8 keys in registers
 //   3  AVX-512 tiled, f32 products: 16 rows x 16 keys in registers
@@ -32,6 +33,7 @@
 //  17  AVX-512 few-rows, scores head by head over a whole tile (production: every head of 16 keys, then the next)
 //  18  AVX-512 tiled, bf16 products on AMX tiles (bf16 K/V, head dim a multiple of 32; where the OS grants tiles)
 //  19  AVX-512 few-rows, bf16 products on vdpbf16ps (bf16 K/V, head dim a multiple of 32)
+//  20  AVX-512 few-rows, int8 products on vpdpbusd and vpdpwssd (q8_0 K/V, AVX512_VNNI, head dim a multiple of 64)
 #include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
 
 #include <algorithm>
@@ -41,10 +43,12 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "machine.hpp"  // bench/: the measured peaks and bandwidth
 #include "cascade/cpu/kernel.hpp"
+#include "cascade/reference.hpp"
 
 namespace {
 
@@ -61,6 +65,7 @@ struct Problem {
   int heads = 1, dim = 128;
   DType dtype = DType::f16;
   std::vector<uint8_t> k, v;  // (keys, heads, dim)
+  std::vector<f16> k_scales, v_scales;  // q8_0: (keys, heads, dim / 32)
   std::vector<float> q;       // (heads, rows, dim)
   std::vector<int64_t> limit;
   KvView kv;
@@ -75,6 +80,7 @@ struct Variant {
   bool bf16_products = false;  // rounds q and the weights to bf16: checked at that error bound
   bool available = true;
   bool amx = false;  // on AMX tiles: timed against their peak
+  bool int8_products = false;  // P V's weights rounded to 16 bits a tile: checked at that error bound
 };
 
 template <class F>
@@ -163,12 +169,13 @@ struct Avx2Few {
 
 // The production kernel chosen under tier `isa` (and bf16 products, AMX tiles), as a pass with that kernel shape
 // runs it (more rows than the few-rows kernel takes go to the tiled one, as the plan would send them).
-Run production(Isa isa, bool few, bool bf16_products, bool amx = false) {
+Run production(Isa isa, bool few, bool bf16_products, bool amx = false, bool int8_products = false) {
   return [=](const Problem& p, float* o, float* lse, Scratch& sc) {
     cpu::KernelOptions opt;
     opt.isa_limit = isa;
     opt.bf16_products = bf16_products ? 1 : 0;
     opt.amx_tiles = amx;
+    opt.int8_products = int8_products ? 1 : 0;
     const bool few_here = few && p.rows <= kFewRows;
     const KernelChoice k =
         cpu::choose_kernel(few_here ? KernelShape::few_rows : KernelShape::tiled, p.dtype, p.dim, opt);
@@ -217,6 +224,9 @@ std::vector<Variant> variants(const Problem& p) {
                bf16 && amx_usable() && p.dim % 32 == 0, true});
   v.push_back({"AVX-512 few-rows, bf16 products on vdpbf16ps", production(Isa::avx512, true, true), true,
                bf16 && p.dim % 32 == 0});
+  v.push_back({"AVX-512 few-rows, int8 products on vpdpbusd and vpdpwssd",
+               production(Isa::avx512, true, false, false, true), false,
+               avx512 && cpu_features().avx512_vnni && p.dtype == DType::q8_0 && p.dim % 64 == 0, false, true});
 #endif
   return v;
 }
@@ -227,16 +237,16 @@ void reference(const Problem& p, std::vector<double>& o, std::vector<double>& ls
   o.assign(size_t(p.heads * p.rows * d), 0.0);
   lse.assign(size_t(p.heads * p.rows), 0.0);
   std::vector<double> s(static_cast<size_t>(p.keys));
-  dispatch_dtype(p.dtype, [&]<class T>() {
-    const T* kb = reinterpret_cast<const T*>(p.k.data());
-    const T* vb = reinterpret_cast<const T*>(p.v.data());
+  {
+    const auto kb = [&](int64_t j, int h, int64_t i) { return kv_element(p.kv, p.kv.k, j, h, i); };
+    const auto vb = [&](int64_t j, int h, int64_t i) { return kv_element(p.kv, p.kv.v, j, h, i); };
     for (int h = 0; h < p.heads; ++h)
       for (int64_t r = 0; r < p.rows; ++r) {
         const float* q = p.q.data() + (h * p.rows + r) * d;
         double mx = -INFINITY;
         for (int64_t j = 0; j < p.keys; ++j) {
           double dot = 0;
-          for (int64_t i = 0; i < d; ++i) dot += double(q[i]) * double(to_float(kb[(j * p.heads + h) * d + i]));
+          for (int64_t i = 0; i < d; ++i) dot += double(q[i]) * kb(j, h, i);
           s[size_t(j)] = dot * p.scale;
           mx = std::max(mx, s[size_t(j)]);
         }
@@ -245,12 +255,12 @@ void reference(const Problem& p, std::vector<double>& o, std::vector<double>& ls
         for (int64_t j = 0; j < p.keys; ++j) {
           const double w = std::exp(s[size_t(j)] - mx);
           sum += w;
-          for (int64_t i = 0; i < d; ++i) out[i] += w * double(to_float(vb[(j * p.heads + h) * d + i]));
+          for (int64_t i = 0; i < d; ++i) out[i] += w * vb(j, h, i);
         }
         for (int64_t i = 0; i < d; ++i) out[i] /= sum;
         lse[size_t(h * p.rows + r)] = mx + std::log(sum);
       }
-  });
+  }
 }
 
 // The command line: the problem's sizes into p, and the run's own settings.
@@ -277,7 +287,7 @@ Options parse_args(int argc, char** argv, Problem& p) {
     else if (f == "--cold") opt.cold = true;
     else if (f == "-h" || f == "--help") {
       std::printf("usage: cascade-kernel-variants VARIANT [--rows R] [--heads H] [--keys N] [--dim D] "
-                  "[--kv-dtype f32|f16|bf16] [--reps N] [--cold]\n(variants: see the source's header)\n");
+                  "[--kv-dtype f32|f16|bf16|q8_0] [--reps N] [--cold]\n(variants: see the source's header)\n");
       std::exit(0);
     } else if (f[0] != '-' && opt.which == 0) opt.which = std::stoi(f);
     else die("unknown argument '" + f + "'");
@@ -286,26 +296,47 @@ Options parse_args(int argc, char** argv, Problem& p) {
   return opt;
 }
 
-// Random K/V and q (uniform in [-1, 1), a fixed seed), every row seeing every key, scale 1/sqrt(dim).
+// Random K/V and q (uniform in [-1, 1), a fixed seed), every row seeing every key, scale 1/sqrt(dim). q8_0: K/V
+// quantized, q on the q8_0 grid.
 void fill_problem(Problem& p) {
   std::mt19937 rng(42);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const int64_t n_kv = p.keys * p.heads * p.dim;
   p.k.resize(size_t(n_kv * dtype_size(p.dtype)));
   p.v.resize(p.k.size());
+  const auto q8 = [&](std::vector<uint8_t>& codes, std::vector<f16>& scales, std::vector<float>& x) {
+    scales.resize(x.size() / kQ8Block);
+    quantize_q8_0(x.data(), int64_t(x.size()), reinterpret_cast<int8_t*>(codes.data()), scales.data());
+  };
   dispatch_dtype(p.dtype, [&]<class T>() {
-    T* k = reinterpret_cast<T*>(p.k.data());
-    T* v = reinterpret_cast<T*>(p.v.data());
-    for (int64_t i = 0; i < n_kv; ++i) {
-      k[i] = T(u(rng));
-      v[i] = T(u(rng));
+    if constexpr (std::is_same_v<T, Q8Code>) {
+      std::vector<float> x(static_cast<size_t>(n_kv));
+      for (float& e : x) e = u(rng);
+      q8(p.k, p.k_scales, x);
+      for (float& e : x) e = u(rng);
+      q8(p.v, p.v_scales, x);
+    } else {
+      T* k = reinterpret_cast<T*>(p.k.data());
+      T* v = reinterpret_cast<T*>(p.v.data());
+      for (int64_t i = 0; i < n_kv; ++i) {
+        k[i] = T(u(rng));
+        v[i] = T(u(rng));
+      }
     }
   });
   p.kv = KvView::contiguous(reinterpret_cast<const float*>(p.k.data()), reinterpret_cast<const float*>(p.v.data()),
                             p.keys, p.heads, p.dim);
   p.kv.dtype = p.dtype;
+  p.kv.k_scales = p.k_scales.data();
+  p.kv.v_scales = p.v_scales.data();
   p.q.resize(size_t(p.heads * p.rows * p.dim));
   for (float& x : p.q) x = u(rng);
+  if (p.dtype == DType::q8_0) {
+    std::vector<int8_t> codes(p.q.size());
+    std::vector<f16> scales(p.q.size() / kQ8Block);
+    quantize_q8_0(p.q.data(), int64_t(p.q.size()), codes.data(), scales.data());
+    dequantize_q8_0(codes.data(), scales.data(), int64_t(p.q.size()), p.q.data());
+  }
   p.limit.assign(size_t(p.rows), p.keys);
   p.scale = 1.0f / std::sqrt(float(p.dim));
 }
@@ -318,8 +349,10 @@ bool check(const Problem& p, const Variant& var, int which, std::vector<float>& 
   o.resize(ref_o.size());
   lse.resize(ref_lse.size());
   var.run(p, o.data(), lse.data(), sc);
-  // f32 products: a few 1e-6; bf16 products: each weight within 2^-8 (|v| <= 1).
-  const double atol = var.bf16_products ? 0x1p-8 + 1e-5 : 1e-5, rtol = var.bf16_products ? 0 : 1e-4;
+  // f32 products: a few 1e-6; bf16 products: each weight within 2^-8; int8 products: the weights of a tile of 64
+  // keys within 1/65534 of their largest (|v| <= 1).
+  const double atol = var.bf16_products ? 0x1p-8 + 1e-5 : var.int8_products ? 64.0 / 65534 + 1e-5 : 1e-5;
+  const double rtol = var.bf16_products ? 0 : 1e-4;
   int64_t bad = 0;
   double worst = 0;
   for (size_t i = 0; i < o.size(); ++i) {
@@ -348,7 +381,7 @@ void time_variant(const Problem& p, const Variant& var, const Options& opt, std:
     best = std::min(best, bench::now_s() - t0);
   }
   const double flops = 4.0 * double(p.rows) * double(p.keys) * p.heads * p.dim;
-  const double bytes = 2.0 * double(p.keys * p.heads * p.dim) * double(dtype_size(p.dtype));
+  const double bytes = 2.0 * double(p.keys * p.heads * p.dim) * kv_element_bytes(p.dtype);
   const double peak = var.amx             ? bench::measure_amx_peak(1)
                       : var.bf16_products ? bench::measure_bf16_peak(1)
                                           : bench::measure_fma_peak(1);

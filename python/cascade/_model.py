@@ -83,7 +83,8 @@ class Model:
         A sequence stops at an end-of-generation token (unless ignore_eos), after max_tokens tokens, or at
         the context's end (n_ctx positions, 0: the model's). temperature 0 is greedy; seed None draws one.
         kv_type: the K/V cache's element type, 'float16' (the default), 'bfloat16' (multiplied on bf16 dot
-        products where the CPU runs them faster than f32 FMAs) or 'float32'.
+        products where the CPU runs them faster than f32 FMAs), 'q8_0' (int8 codes and an f16 scale per 32
+        values, 1.0625 bytes an element, as llama.cpp's -ctk q8_0 -ctv q8_0) or 'float32'.
         cost_model: auto's profile (CostModel). Without one, auto reads this machine's profile from the cache
         ($XDG_CACHE_HOME/cascade, else ~/.cache/cascade; the file cascade-generate uses) or, the first time,
         calibrates it (about 0.3 s) and keeps it there; recalibrate=True measures it anew. A cache that

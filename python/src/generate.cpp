@@ -65,7 +65,8 @@ GenerateParams params_of(const GenerateArgs& a) {
   if (a.kv_type == "float16" || a.kv_type == "f16") kv_dtype = DType::f16;
   else if (a.kv_type == "bfloat16" || a.kv_type == "bf16") kv_dtype = DType::bf16;
   else if (a.kv_type == "float32" || a.kv_type == "f32") kv_dtype = DType::f32;
-  else value_error("kv_type: expected 'float16', 'bfloat16' or 'float32', got '", a.kv_type, "'");
+  else if (a.kv_type == "q8_0") kv_dtype = DType::q8_0;
+  else value_error("kv_type: expected 'float16', 'bfloat16', 'q8_0' or 'float32', got '", a.kv_type, "'");
   GenerateParams p;
   p.n_predict = a.max_tokens;
   p.n_parallel = a.n;

@@ -55,7 +55,7 @@ def test_greedy_repeats_itself_for_every_method(model):
 
 
 def test_every_kv_type_generates_and_repeats_itself(model):
-    for kv in ("bfloat16", "float32", "f16"):
+    for kv in ("bfloat16", "float32", "f16", "q8_0"):
         def greedy():
             return model.generate("Once upon a time", n=2, max_tokens=8, temperature=0, attn="cascade",
                                   ignore_eos=True, kv_type=kv)

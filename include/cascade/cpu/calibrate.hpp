@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <random>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "cascade/cpu/attention.hpp"
 #include "cascade/dtype.hpp"
 #include "cascade/kv.hpp"
+#include "cascade/q8_0.hpp"
 #include "cascade/tree.hpp"
 
 namespace cascade {
@@ -55,7 +57,9 @@ double best_of(int n, F&& f) {
 // (shared), or each on its own segment of n_tokens keys (independent). With n_groups > 1 (shared only):
 // n_groups segments, each shared by n_seq sequences. K/V are stored as `dtype`.
 struct Problem {
-  std::variant<std::vector<float>, std::vector<f16>, std::vector<bf16>> k, v;  // (segment, tokens, heads, dim)
+  // (segment, tokens, heads, dim); q8_0: its codes, and its scales (segment, tokens, heads, dim / 32)
+  std::variant<std::vector<float>, std::vector<f16>, std::vector<bf16>, std::vector<int8_t>> k, v;
+  std::vector<f16> k_scales, v_scales;
   std::vector<float> q, o;
   std::vector<KvView> views;
   Tree tree;
@@ -67,17 +71,37 @@ inline Problem make_problem(const HeadShape& shape, DType dtype, int64_t n_token
   const int64_t row = int64_t(shape.n_kv_heads) * shape.head_dim;
   const int64_t n_seg = shared ? n_groups : n_seq;
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int64_t n = n_seg * n_tokens * row;
   dispatch_dtype(dtype, [&]<class T>() {
-    std::vector<T> k(size_t(n_seg * n_tokens * row)), v(k.size());
-    for (size_t i = 0; i < k.size(); ++i) {
-      k[i] = T(u(rng));
-      v[i] = T(u(rng));
+    if constexpr (std::is_same_v<T, Q8Code>) {
+      std::vector<float> x(static_cast<size_t>(n));
+      std::vector<int8_t> k(x.size()), v(x.size());
+      p.k_scales.resize(x.size() / kQ8Block);
+      p.v_scales.resize(x.size() / kQ8Block);
+      for (float& e : x) e = u(rng);
+      quantize_q8_0(x.data(), n, k.data(), p.k_scales.data());
+      for (float& e : x) e = u(rng);
+      quantize_q8_0(x.data(), n, v.data(), p.v_scales.data());
+      for (int64_t g = 0; g < n_seg; ++g) {
+        const int64_t at = g * n_tokens * row;
+        p.views.push_back(KvView::contiguous_q8_0(k.data() + at, p.k_scales.data() + at / kQ8Block, v.data() + at,
+                                                  p.v_scales.data() + at / kQ8Block, n_tokens, shape.n_kv_heads,
+                                                  shape.head_dim));
+      }
+      p.k = std::move(k);  // moving a vector keeps its buffer: the views stay valid
+      p.v = std::move(v);
+    } else {
+      std::vector<T> k(static_cast<size_t>(n)), v(k.size());
+      for (size_t i = 0; i < k.size(); ++i) {
+        k[i] = T(u(rng));
+        v[i] = T(u(rng));
+      }
+      for (int64_t g = 0; g < n_seg; ++g)
+        p.views.push_back(KvView::contiguous(k.data() + g * n_tokens * row, v.data() + g * n_tokens * row, n_tokens,
+                                             shape.n_kv_heads, shape.head_dim));
+      p.k = std::move(k);
+      p.v = std::move(v);
     }
-    for (int64_t g = 0; g < n_seg; ++g)
-      p.views.push_back(KvView::contiguous(k.data() + g * n_tokens * row, v.data() + g * n_tokens * row, n_tokens,
-                                           shape.n_kv_heads, shape.head_dim));
-    p.k = std::move(k);  // moving a vector keeps its buffer: the views stay valid
-    p.v = std::move(v);
   });
   std::vector<std::vector<int>> paths;
   for (int64_t g = 0; g < (shared ? n_groups : 1); ++g)

@@ -32,6 +32,7 @@
 #include "cascade/cpu/kernel_bf16.hpp"
 #include "cascade/cpu/kernel_common.hpp"
 #include "cascade/cpu/kernel_portable.hpp"
+#include "cascade/cpu/kernel_q8.hpp"
 #include "cascade/kernel_choice.hpp"
 
 namespace cascade::cpu {
@@ -65,6 +66,11 @@ inline std::atomic<int>& amx_tiles_flag() {
   static std::atomic<int> on{-1};
   return on;
 }
+// -1: not set (the rule in choose_kernel); 0 or 1: set.
+inline std::atomic<int>& int8_products_flag() {
+  static std::atomic<int> on{-1};
+  return on;
+}
 }  // namespace detail
 
 // ---- planning options and the process-wide switches behind their defaults --------------------------------------
@@ -75,12 +81,16 @@ struct KernelOptions {
   int bf16_products = -1;       // bf16 K/V on bf16 products: 1 wherever the CPU has them, 0 never, -1 where they
                                 // are faster than this CPU's f32 FMAs (measured once per process)
   bool amx_tiles = true;        // the tiled kernel's bf16 products on AMX tiles where the process may run them
-  // The process-wide switches as they are now (set_isa_limit, set_bf16_products, set_amx_tiles).
+  int int8_products = -1;       // q8_0 K/V on int8 dot products: 1 wherever the CPU has them, 0 never, -1 where
+                                // choose_kernel's rule says they are faster
+  // The process-wide switches as they are now (set_isa_limit, set_bf16_products, set_amx_tiles,
+  // set_int8_products).
   static KernelOptions process() {
     KernelOptions o;
     o.isa_limit = active_isa();
     o.bf16_products = detail::bf16_products_flag().load(std::memory_order_relaxed);
     o.amx_tiles = detail::amx_tiles_flag().load(std::memory_order_relaxed) != 0;
+    o.int8_products = detail::int8_products_flag().load(std::memory_order_relaxed);
     return o;
   }
 };
@@ -124,6 +134,22 @@ class AmxTiles {
   int saved_;
 };
 
+// q8_0 K/V on int8 dot products (q quantized to int8): by default where choose_kernel's rule takes them.
+// Process-wide, read when a plan is made; Int8Products sets it for one scope (the tests run both).
+inline void set_int8_products(bool on) { detail::int8_products_flag().store(on ? 1 : 0, std::memory_order_relaxed); }
+class Int8Products {
+ public:
+  explicit Int8Products(bool on) : saved_(detail::int8_products_flag().load(std::memory_order_relaxed)) {
+    set_int8_products(on);
+  }
+  ~Int8Products() { detail::int8_products_flag().store(saved_, std::memory_order_relaxed); }
+  Int8Products(const Int8Products&) = delete;
+  Int8Products& operator=(const Int8Products&) = delete;
+
+ private:
+  int saved_;
+};
+
 // ---- the choice ------------------------------------------------------------------------------------------------
 
 // Whether this CPU's AMX tiles may run the tiled kernel's bf16 products under o.
@@ -142,7 +168,11 @@ inline bool amx_allowed(const KernelOptions& o) {
 //             shape on AMX tiles (head dims a multiple of 32) where allowed, else on vdpbf16ps (even head dims);
 //             the few-rows shape on vdpbf16ps (multiples of 32), except where the tiled one runs on AMX tiles and
 //             vdpbf16ps is slower than the f32 FMAs (as on Sapphire Rapids) unless o asks for bf16
-//             products outright; f32 everywhere else.
+//             products outright; q8_0 K/V: the few-rows shape on int8 dot products on the AVX-512 tier of a CPU
+//             with AVX512_VNNI (head dims a multiple of 64) unless o turns them off, the tiled shape on tiles
+//             converted to bf16 where bf16 K/V would take bf16 products (AMX tiles where allowed, else
+//             vdpbf16ps), on codes times scales in f32 elsewhere (measured: docs/study.md §22); f32 everywhere
+//             else.
 inline KernelChoice choose_kernel(KernelShape shape, DType dt, int head_dim, const KernelOptions& o) {
   const Isa isa = std::min(detected_isa(), o.isa_limit);
   const bool few = shape == KernelShape::few_rows;
@@ -150,6 +180,14 @@ inline KernelChoice choose_kernel(KernelShape shape, DType dt, int head_dim, con
   if (isa == Isa::avx512 && (!few || head_dim % 16 == 0)) c.tier = Isa::avx512;
   else if (isa >= Isa::avx2 && (!few || head_dim % 8 == 0)) c.tier = Isa::avx2;
   const bool products_on = o.bf16_products >= 0 ? o.bf16_products == 1 : detail::bf16_products_faster();
+  if (dt == DType::q8_0) {
+    if (head_dim % kQ8Block != 0) return c;  // no q8_0 view has such a head dim
+    if (few && c.tier == Isa::avx512 && cpu_features().avx512_vnni && head_dim % 64 == 0 && o.int8_products != 0)
+      c.products = Products::int8_dot;
+    else if (!few && c.tier == Isa::avx512 && cpu_features().avx512_bf16 && products_on)
+      c.products = amx_allowed(o) ? Products::amx_bf16 : Products::bf16_dot;  // head dims: multiples of 32
+    return c;
+  }
   if (dt != DType::bf16 || c.tier != Isa::avx512 || !cpu_features().avx512_bf16 || !products_on) return c;
   if (!few) {
     if (amx_allowed(o) && head_dim % 32 == 0) c.products = Products::amx_bf16;
@@ -178,9 +216,13 @@ inline bool kernel_runs_here(const KernelChoice& c, DType dt, int head_dim) {
   switch (c.products) {
     case Products::f32: return true;
     case Products::bf16_dot:
-      return dt == DType::bf16 && c.tier == Isa::avx512 && cpu_features().avx512_bf16 && head_dim % (few ? 32 : 2) == 0;
+      return (dt == DType::bf16 || (dt == DType::q8_0 && !few)) && c.tier == Isa::avx512 &&
+             cpu_features().avx512_bf16 && head_dim % (few ? 32 : 2) == 0;
     case Products::amx_bf16:
-      return dt == DType::bf16 && c.tier == Isa::avx512 && !few && head_dim % 32 == 0 && amx_allowed(KernelOptions{});
+      return (dt == DType::bf16 || dt == DType::q8_0) && c.tier == Isa::avx512 && !few && head_dim % 32 == 0 &&
+             amx_allowed(KernelOptions{});
+    case Products::int8_dot:
+      return dt == DType::q8_0 && c.tier == Isa::avx512 && few && cpu_features().avx512_vnni && head_dim % 64 == 0;
   }
   return false;
 }
@@ -223,6 +265,15 @@ void tile_head(Products p, const float* q, int64_t n_rows, const KvView& kv, int
     if (p == Products::bf16_dot)
       return avx512_bf16::tile_attend<D, kTileRV, kTileNK, Mask>(q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse, sc);
   }
+  if constexpr (std::is_same_v<T, Q8Code>) {
+#if defined(CASCADE_AMX_KERNEL)
+    if (p == Products::amx_bf16)
+      return amx::tile_attend_q8<D, Mask>(q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+#endif
+    if (p == Products::bf16_dot)
+      return avx512_bf16::tile_attend_q8<D, kTileRV, kTileNK, Mask>(q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse,
+                                                                     sc);
+  }
   tile_attend<T, D, kTileRV, kTileNK, Mask, NarrowTail>(q, n_rows, kv, kvh, t0, t1, mask, scale, o, lse, sc);
 }
 
@@ -238,6 +289,11 @@ void attend(const KernelChoice& k, const float* q, int64_t n_rows, int n_heads, 
         if (k.products == Products::bf16_dot)
           return cpu::detail::with_head_dim<32>(d, [&]<int NB>() {
             avx512_bf16::few_attend<NB, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+          });
+      if constexpr (std::is_same_v<T, Q8Code>)
+        if (k.products == Products::int8_dot)
+          return cpu::detail::with_head_dim<64>(d, [&]<int NC>() {
+            avx512_vnni::few_attend<NC, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
           });
       return cpu::detail::with_head_dim<16>(d, [&]<int NV>() {
         few_attend<T, NV, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
@@ -311,6 +367,8 @@ void run_kernel(const KernelChoice& k, const float* q, int64_t n_rows, int n_hea
                                                       int64_t, const M&, float, float*, float*, Scratch&);         \
   extern template void portable::attend_heads<bf16, M>(const float*, int64_t, int, const KvView&, int, int64_t,   \
                                                        int64_t, const M&, float, float*, float*, Scratch&);        \
+  extern template void portable::attend_heads<Q8Code, M>(const float*, int64_t, int, const KvView&, int, int64_t, \
+                                                         int64_t, const M&, float, float*, float*, Scratch&);      \
   CASCADE_CPU_KERNEL_EXTERN_X86(M)                                                                                \
   extern template void run_kernel<M>(const KernelChoice&, const float*, int64_t, int, const KvView&, int, int64_t, \
                                      int64_t, const M&, float, float*, float*, Scratch&);

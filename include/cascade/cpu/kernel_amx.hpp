@@ -57,6 +57,7 @@ using avx512::finish_row;
 using avx512::kLog2e;
 using avx512::RowBlock;
 using avx512::RowBlocks;
+using avx512::transpose16;
 
 // Keys per K/V tile (copied and transposed once, read by every row block), keys per step of a row block.
 inline constexpr int64_t kTileKeys = 128;
@@ -85,37 +86,6 @@ class Tiles {
   Tiles(const Tiles&) = delete;
   Tiles& operator=(const Tiles&) = delete;
 };
-
-// Transposes a 16 x 16 block of 32-bit words: dst row c (stride dst_stride words) = src column c (src rows
-// src_stride words apart).
-inline void transpose16(const uint32_t* src, int64_t src_stride, uint32_t* dst, int64_t dst_stride) {
-  __m512i r[16], a[16];
-  CASCADE_UNROLL(16)
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * src_stride);
-  CASCADE_UNROLL(8)
-  for (int i = 0; i < 8; ++i) {
-    a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  // r[4g + k], 128-bit lane L: column 4L + k of rows 4g..4g+3
-  CASCADE_UNROLL(4)
-  for (int g = 0; g < 4; ++g) {
-    r[4 * g + 0] = _mm512_unpacklo_epi64(a[4 * g], a[4 * g + 2]);
-    r[4 * g + 1] = _mm512_unpackhi_epi64(a[4 * g], a[4 * g + 2]);
-    r[4 * g + 2] = _mm512_unpacklo_epi64(a[4 * g + 1], a[4 * g + 3]);
-    r[4 * g + 3] = _mm512_unpackhi_epi64(a[4 * g + 1], a[4 * g + 3]);
-  }
-  CASCADE_UNROLL(4)
-  for (int k = 0; k < 4; ++k) {
-    const __m512i c0 = _mm512_shuffle_i32x4(r[k], r[4 + k], 0x44), c1 = _mm512_shuffle_i32x4(r[k], r[4 + k], 0xEE);
-    const __m512i c2 = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0x44),
-                  c3 = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0xEE);
-    _mm512_storeu_si512(dst + (0 + k) * dst_stride, _mm512_shuffle_i32x4(c0, c2, 0x88));
-    _mm512_storeu_si512(dst + (4 + k) * dst_stride, _mm512_shuffle_i32x4(c0, c2, 0xDD));
-    _mm512_storeu_si512(dst + (8 + k) * dst_stride, _mm512_shuffle_i32x4(c1, c3, 0x88));
-    _mm512_storeu_si512(dst + (12 + k) * dst_stride, _mm512_shuffle_i32x4(c1, c3, 0xDD));
-  }
-}
 
 // The online softmax of one row block over one step's 32 keys, lane-wise (lanes: rows), as
 // avx512_bf16::tile_block_bf16: s holds S^T (32 x 16 floats, unscaled), p receives P^T as bf16 key pairs

@@ -61,6 +61,10 @@ struct V {
     const reg h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
   }
+  // 8 int8 codes (q8_0 K/V) as f32.
+  static reg q8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
   template <class T>
   static reg kv(const T* p) {
     if constexpr (std::is_same_v<T, float>) {

@@ -69,6 +69,10 @@ struct V {
     const reg e = _mm512_add_ps(c, _mm512_shuffle_f32x4(c, c, 0x4E));
     return _mm512_castps512_ps128(_mm512_add_ps(e, _mm512_shuffle_f32x4(e, e, 0xB1)));
   }
+  // 16 int8 codes (q8_0 K/V) as f32.
+  static reg q8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
   template <class T>
   static reg kv(const T* p) {
     if constexpr (std::is_same_v<T, float>) {
@@ -107,6 +111,52 @@ struct NarrowTail {
     narrow::tile_block<D, 1, NK>(qt, kp, vp, d, nk, bits, bits_stride, ot, m, l);
   }
 };
+
+// Transposes 16 x 16 32-bit words in registers: word c of r[i] becomes word i of r[c].
+CASCADE_ALWAYS_INLINE void transpose16(__m512i (&r)[16]) {
+  __m512i a[16];
+  CASCADE_UNROLL(8)
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // r[4g + k], 128-bit lane L: column 4L + k of rows 4g..4g+3
+  CASCADE_UNROLL(4)
+  for (int g = 0; g < 4; ++g) {
+    r[4 * g + 0] = _mm512_unpacklo_epi64(a[4 * g], a[4 * g + 2]);
+    r[4 * g + 1] = _mm512_unpackhi_epi64(a[4 * g], a[4 * g + 2]);
+    r[4 * g + 2] = _mm512_unpacklo_epi64(a[4 * g + 1], a[4 * g + 3]);
+    r[4 * g + 3] = _mm512_unpackhi_epi64(a[4 * g + 1], a[4 * g + 3]);
+  }
+  CASCADE_UNROLL(4)
+  for (int k = 0; k < 4; ++k) {
+    const __m512i c0 = _mm512_shuffle_i32x4(r[k], r[4 + k], 0x44), c1 = _mm512_shuffle_i32x4(r[k], r[4 + k], 0xEE);
+    const __m512i c2 = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0x44),
+                  c3 = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0xEE);
+    a[0 + k] = _mm512_shuffle_i32x4(c0, c2, 0x88);
+    a[4 + k] = _mm512_shuffle_i32x4(c0, c2, 0xDD);
+    a[8 + k] = _mm512_shuffle_i32x4(c1, c3, 0x88);
+    a[12 + k] = _mm512_shuffle_i32x4(c1, c3, 0xDD);
+  }
+  CASCADE_UNROLL(16)
+  for (int i = 0; i < 16; ++i) r[i] = a[i];
+}
+
+// The same from memory to memory: dst row c (stride dst_stride words) = src column c (src rows src_stride words
+// apart).
+inline void transpose16(const uint32_t* src, int64_t src_stride, uint32_t* dst, int64_t dst_stride) {
+  __m512i r[16];
+  CASCADE_UNROLL(16)
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * src_stride);
+  transpose16(r);
+  CASCADE_UNROLL(16)
+  for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * dst_stride, r[i]);
+}
+
+// The head dim held by lane i (< 32) of a 32-dim block of a P V accumulator whose operands pair two keys' rows of
+// 16-bit elements (kernel_bf16.hpp, kernel_q8.hpp): lanes 0-15 come from vpunpcklwd, 16-31 from vpunpckhwd, and in
+// each, lane 4 L + t holds word t (or 4 + t) of the block's 128-bit lane L.
+constexpr int64_t few_pair_dim(int64_t i) { return (i & 15) / 4 * 8 + (i >= 16 ? 4 : 0) + i % 4; }
 
 // Row blocks of the tiled kernel: RV registers of 16 rows against NK keys (S in registers: RV * NK of 32). Two
 // registers share each broadcast key element: with one, the S product's loads (a broadcast per multiply-add)

@@ -27,22 +27,7 @@ CASCADE_TARGET_AVX512_BF16_BEGIN
 namespace cascade::cpu::avx512_bf16 {
 
 // The drivers, compiled here for the bf16 policies (kernel_driver.inc), on the AVX-512 tier's vector pieces.
-using V = avx512::V;
-using avx512::exp2_neg;
-using avx512::few_mask;
-using avx512::few_softmax;
-using avx512::FewPrefetch;
-using avx512::finish_row;
-using avx512::kFewChunk;
-using avx512::kFewTile;
-using avx512::kLn2;
-using avx512::kLog2e;
-using avx512::kTiledKeys;
-using avx512::prefetch_tile;
-using avx512::RowBlock;
-using avx512::RowBlocks;
-using avx512::TilePrefetch;
-#include "cascade/cpu/kernel_driver.inc"
+#include "cascade/cpu/kernel_driver_avx512.inc"
 
 inline __m512i bcast32(const void* p) {
   int32_t x;
@@ -58,14 +43,10 @@ inline void pair_rows(__m512i x, __m512i y, __m512i& lo, __m512i& hi) {
   hi = _mm512_permutex2var_epi16(x, _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16)), y);
 }
 
-// Copies tokens [a, a + n) of bf16 head kvh into kp (n_pad rows of d bf16, the rest zero), and the same
-// tokens of V as key pairs: vp word (jp, i) = V(2jp, i) | V(2jp + 1, i) << 16.
-inline void bf16_panels(const KvView& kv, int kvh, int64_t a, int64_t n, int64_t n_pad, int64_t d, uint16_t* kp,
-                        uint32_t* vp) {
-  const uint16_t* kb = static_cast<const uint16_t*>(kv.k);
+// Tokens [a, a + n) of bf16 head kvh of V as key pairs, n_pad keys (the rest zero): vp word (jp, i) =
+// V(2jp, i) | V(2jp + 1, i) << 16.
+inline void bf16_v_pairs(const KvView& kv, int kvh, int64_t a, int64_t n, int64_t n_pad, int64_t d, uint32_t* vp) {
   const uint16_t* vb = static_cast<const uint16_t*>(kv.v);
-  for (int64_t j = 0; j < n; ++j) std::memcpy(kp + j * d, kb + kv.offset(a + j, kvh), size_t(d) * 2);
-  std::memset(kp + n * d, 0, size_t((n_pad - n) * d) * 2);
   for (int64_t jp = 0; jp < n_pad / 2; ++jp) {
     const int64_t j0 = 2 * jp, j1 = 2 * jp + 1;
     const uint16_t* r0 = j0 < n ? vb + kv.offset(a + j0, kvh) : nullptr;
@@ -81,6 +62,16 @@ inline void bf16_panels(const KvView& kv, int kvh, int64_t a, int64_t n, int64_t
       }
     for (; i < d; ++i) dst[i] = uint32_t(r0 ? r0[i] : 0) | uint32_t(r1 ? r1[i] : 0) << 16;
   }
+}
+
+// Copies tokens [a, a + n) of bf16 head kvh into kp (n_pad rows of d bf16, the rest zero), and the same
+// tokens of V as key pairs into vp (bf16_v_pairs).
+inline void bf16_panels(const KvView& kv, int kvh, int64_t a, int64_t n, int64_t n_pad, int64_t d, uint16_t* kp,
+                        uint32_t* vp) {
+  const uint16_t* kb = static_cast<const uint16_t*>(kv.k);
+  for (int64_t j = 0; j < n; ++j) std::memcpy(kp + j * d, kb + kv.offset(a + j, kvh), size_t(d) * 2);
+  std::memset(kp + n * d, 0, size_t((n_pad - n) * d) * 2);
+  bf16_v_pairs(kv, kvh, a, n, n_pad, d, vp);
 }
 
 // S = Q K^T of one row block (RV registers of 16 rows) against NK keys, unscaled: s[j][v] holds key j's scores
@@ -283,9 +274,7 @@ void tile_attend(const float* q, int64_t n_rows, const KvView& kv, int kvh, int6
 // take half the instructions of the f32 kernel, with no conversions beside them (where a 512-bit conversion is
 // slow, the f32 kernel spends about as long converting K/V as multiplying: docs/study.md §18).
 
-// The head dim held by lane i (< 32) of a 32-dim block of a P V accumulator: lanes 0-15 come from vpunpcklwd,
-// 16-31 from vpunpckhwd, and in each, lane 4 L + t holds word t (or 4 + t) of the block's 128-bit lane L.
-constexpr int64_t few_pair_dim(int64_t i) { return (i & 15) / 4 * 8 + (i >= 16 ? 4 : 0) + i % 4; }
+using avx512::few_pair_dim;
 
 // Rows per pass of the score loop (R * 4 accumulators), and 32-dim blocks per pass of the P V loop for R rows
 // and NB blocks (0: known at run time, one at a time): as many as fit 24 accumulators, with two key pairs in

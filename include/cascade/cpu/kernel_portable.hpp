@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cascade/cpu/kernel_common.hpp"
 
@@ -18,6 +19,19 @@ namespace cascade::cpu::portable {
 
 // Keys per tile. 128 tokens x 128 dims x 4 bytes = 64 KiB per K tile: L2-resident, L1 for head_dim 64.
 inline constexpr int64_t kKvTile = 128;
+
+// Row `off` (an element offset of the view) of K, or of V where `values`, as d floats: converted, or q8_0 codes
+// times their scales.
+template <class T>
+inline void row_to_f32(const KvView& kv, bool values, int64_t off, float* dst, int64_t d) {
+  if constexpr (std::is_same_v<T, Q8Code>) {
+    const int8_t* codes = static_cast<const int8_t*>(values ? kv.v : kv.k);
+    const f16* scales = static_cast<const f16*>(values ? kv.v_scales : kv.k_scales);
+    dequantize_q8_0(codes + off, scales + off / kQ8Block, d, dst);
+  } else {
+    convert_to_f32(static_cast<const T*>(values ? kv.v : kv.k) + off, dst, d);
+  }
+}
 
 // Attends q (R, head_dim) times `scale` to tokens [t0, t1) of KV head kvh of kv, under mask (whose row and
 // key indices are relative to the first row and to token 0 of kv). Writes the normalized partial state:
@@ -44,16 +58,14 @@ void attend_range(const float* q, int64_t n_rows, const KvView& kv, int kvh, int
   O.setZero();
   std::fill(m, m + n_rows, kNegInf);
   std::fill(l, l + n_rows, 0.0f);
-  const T* kb = static_cast<const T*>(kv.k);
-  const T* vb = static_cast<const T*>(kv.v);
 
   for (int64_t a = t0; a < t1;) {
     const int64_t n = std::min({kKvTile, t1 - a, kv.run_length(a)});
     // Load the K/V tile (n, d) as f32, rows one token each.
     const int64_t base = kv.offset(a, kvh);
     for (int64_t j = 0; j < n; ++j) {
-      convert_to_f32(kb + base + j * kv.stride_token, kt + j * d, d);
-      convert_to_f32(vb + base + j * kv.stride_token, vt + j * d, d);
+      row_to_f32<T>(kv, false, base + j * kv.stride_token, kt + j * d, d);
+      row_to_f32<T>(kv, true, base + j * kv.stride_token, vt + j * d, d);
     }
     Map<const RowMat> K(kt, n, d);
     Map<const RowMat> V(vt, n, d);

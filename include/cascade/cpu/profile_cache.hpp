@@ -64,7 +64,8 @@ inline int effective_threads(int n_threads) {
 struct ProfileKey {
   std::string cpu_model;     // the CPU's name (CPUID, else /proc/cpuinfo), "unknown" when neither says
   std::string cpu_features;  // cpu_feature_names()
-  std::string isa;           // the tier the kernels run (active_isa()), "+bf16" where bf16 K/V run on bf16 products
+  std::string isa;           // the tier the kernels run (active_isa()), "+bf16" (or "+amx") where bf16 or q8_0 K/V
+                             // run on bf16 products, "+int8" where q8_0 K/V run on int8 ones
   std::string build;         // the compiler and the instruction set the library was compiled for
   int n_threads = 0;         // threads calibrated with (effective_threads: never 0)
   int n_kv_heads = 0, head_dim = 0;
@@ -156,10 +157,12 @@ inline ProfileKey ProfileKey::here(int n_threads, const HeadShape& shape, DType 
   k.cpu_features = cpu_feature_names();
   if (k.cpu_features.empty()) k.cpu_features = "none";
   k.isa = isa_name(active_isa());
-  if (kv_dtype == DType::bf16) {  // bf16 products: another rate than f32 ones
-    const Products p =
-        choose_kernel(KernelShape::tiled, kv_dtype, shape.head_dim, KernelOptions::process()).products;
+  if (kv_dtype == DType::bf16 || kv_dtype == DType::q8_0) {  // bf16 or int8 products: other rates than f32 ones
+    const KernelOptions o = KernelOptions::process();
+    const Products p = choose_kernel(KernelShape::tiled, kv_dtype, shape.head_dim, o).products;
     k.isa += p == Products::amx_bf16 ? "+amx" : p == Products::bf16_dot ? "+bf16" : "";
+    if (choose_kernel(KernelShape::few_rows, kv_dtype, shape.head_dim, o).products == Products::int8_dot)
+      k.isa += "+int8";
   }
   k.build = build_description();
   k.n_threads = effective_threads(n_threads);
