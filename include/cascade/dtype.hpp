@@ -100,4 +100,16 @@ decltype(auto) dispatch_dtype(DType dt, F&& f) {
   detail::fail("invalid K/V dtype ", static_cast<int>(dt));
 }
 
+// dispatch_dtype over the float types alone, for arrays that are never q8_0 codes (queries, outputs, states).
+template <class F>
+decltype(auto) dispatch_float_dtype(DType dt, F&& f) {
+  switch (dt) {
+    case DType::f32: return f.template operator()<float>();
+    case DType::f16: return f.template operator()<f16>();
+    case DType::bf16: return f.template operator()<bf16>();
+    case DType::q8_0: break;
+  }
+  detail::fail("expected float elements (f32, f16 or bf16), got ", dtype_name(dt));
+}
+
 }  // namespace cascade

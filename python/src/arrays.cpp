@@ -323,6 +323,7 @@ const char* python_dtype_name(DType dt) {
     case DType::f32: return "float32";
     case DType::f16: return "float16";
     case DType::bf16: return "bfloat16";
+    case DType::q8_0: return "q8_0";
   }
   return "?";
 }
@@ -352,7 +353,7 @@ void check_shape(const ArrayRef& a, std::initializer_list<int64_t> want, Name na
 }
 
 void read_f32(const ArrayRef& a, DType dt, float* dst) {
-  dispatch_dtype(dt, [&]<class T>() {
+  dispatch_float_dtype(dt, [&]<class T>() {
     const T* src = static_cast<const T*>(a.data());
     if (a.c_contiguous()) {
       convert_to_f32(src, dst, int64_t(a.size()));
@@ -363,7 +364,7 @@ void read_f32(const ArrayRef& a, DType dt, float* dst) {
 }
 
 void write_from_f32(const float* src, void* dst, DType dt, int64_t n) {
-  dispatch_dtype(dt, [&]<class T>() {
+  dispatch_float_dtype(dt, [&]<class T>() {
     T* d = static_cast<T*>(dst);
     if constexpr (std::is_same_v<T, float>) std::memcpy(d, src, size_t(n) * sizeof(float));
     else

@@ -60,7 +60,7 @@ struct States {
     const int64_t off = row_off[size_t(r)] + j * (o.ndim() > 1 ? o.stride(0) : 0);
     const int64_t s = o.stride(o.ndim() - 1);
     if (dt == DType::f32 && (s == 1 || d == 1)) return static_cast<const float*>(o.data()) + off;
-    dispatch_dtype(dt, [&]<class T>() {
+    dispatch_float_dtype(dt, [&]<class T>() {
       const T* src = static_cast<const T*>(o.data()) + off;
       for (int64_t i = 0; i < d; ++i) buf[i] = to_float(src[i * s]);
     });
@@ -123,7 +123,7 @@ void merge_state_in_place_py(ArrayArg o_a, ArrayArg lse_a, ArrayArg o_b, ArrayAr
     if (pa != buf_a.data()) std::copy_n(pa, a.d, buf_a.data());
     float lse = a.lse_at(r);
     merge_state_inplace(buf_a.data(), &lse, b.row(r, buf_b.data()), b.lse_at(r), a.d);
-    dispatch_dtype(a.dt, [&]<class T>() {
+    dispatch_float_dtype(a.dt, [&]<class T>() {
       T* dst = static_cast<T*>(wo.data()) + a.row_off[size_t(r)];
       for (int64_t i = 0; i < a.d; ++i) dst[i * s] = T(buf_a[size_t(i)]);
     });
