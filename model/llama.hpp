@@ -7,9 +7,11 @@
 // Weights stay as the file stores them (every type quant.hpp reads): a linear layer is a linear::Matrix viewing
 // the tensor's bytes, (n_out, n_in) row-major as GGUF stores it, so y = W x is a dot of each row with x; a step's
 // tokens are stacked into a matrix and multiplied at once, Y (n_tokens, n_out) = X (n_tokens, n_in) W^T
-// (linear.hpp: activations quantized once per layer input, integer dot products). Only the norm vectors are
-// copied, as f32. The model keeps the bytes alive: the memory-mapped file itself (load of a shared File), or
-// one copy of the tensors (load of a File the caller keeps).
+// (linear.hpp: activations quantized once per layer input, integer dot products). On the quantized path the
+// quantized matrices are packed in blocks of 16 rows when the model loads (linear::pack: the same bytes, laid out
+// for the products). The norm vectors are copied, as f32. The model keeps the bytes alive: the memory-mapped file
+// itself and its packed matrices (load of a shared File, whose pages of the packed ones it drops), or one copy of
+// the tensors (load of a File the caller keeps).
 //
 // The forward pass (per step, all rows of the step together):
 //   x = token_embd[token]                                      (n, n_embd)
