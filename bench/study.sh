@@ -11,8 +11,9 @@
 #
 # Default: about 25 minutes on a quiet 2-core machine (docs/study.md). --quick (CI smoke test): under 3 minutes, small sweeps, a
 # short decode run, no large model. --llama-cpp (not with --quick): the same decode runs by llama.cpp too, in its four
-# configurations (one KV buffer + mask or one stream per sequence, flash attention on or off), built from source by
-# bench/llama-cpp.sh (OUTDIR/raw/llama-cpp-*.json; about 35 minutes more); a missing package or failed build is one
+# configurations (one KV buffer + mask or one stream per sequence, flash attention on or off), and the Llama 3.2
+# 1B-shaped model in q4_K_M by both (cascade's auto, llama.cpp's two one-stream configurations), built from source by
+# bench/llama-cpp.sh (OUTDIR/raw/llama-cpp-*.json; about 50 minutes more); a missing package or failed build is one
 # line in the log and the study goes on without it. Needs the build (scripts/test.sh or cmake --build build); CASCADE_BUILD
 # points at another build folder. The random-weight Llama 3.2 1B-shaped model is written to OUTDIR and
 # deleted after its run (it is large and regenerated in seconds).
@@ -127,9 +128,9 @@ if grep -q -- "--ignore-eos" <<<"$gen_help"; then sampling+=(--ignore-eos); fi
 # so each run's profile is this machine's now and its calibration time is reported, as before the cache.
 recalibrate=()
 if grep -q -- "--recalibrate" <<<"$gen_help"; then recalibrate=(--recalibrate); fi
-decode() {  # name, model, n_parallel, n_predict
-  local name="$1" m="$2" np="$3" n="$4" attn extra
-  for attn in $gen_methods; do
+decode() {  # name, model, n_parallel, n_predict[, methods (default: every one)]
+  local name="$1" m="$2" np="$3" n="$4" methods="${5:-$gen_methods}" attn extra
+  for attn in $methods; do
     log "decode $name --attn $attn (-np $np -n $n)"
     extra=()
     if [ "$attn" = auto ]; then extra=("${recalibrate[@]}"); fi
@@ -157,20 +158,29 @@ fi
 if [ "$llama" = 1 ]; then
   log "llama.cpp: building (bench/llama-cpp.sh)"
   if client_log=$("$root/bench/llama-cpp.sh" --build-only 2>&1); then
-    llama_run() {  # name, n_parallel, n_predict
-      local name="$1" np="$2" n="$3" cfg
-      for cfg in unified unified+fa streams streams+fa; do
+    llama_run() {  # name, model, n_parallel, n_predict[, configurations (default: all four)]
+      local name="$1" m="$2" np="$3" n="$4" cfgs="${5:-unified unified+fa streams streams+fa}" cfg
+      for cfg in $cfgs; do
         local unified=0 fa=0
         case "$cfg" in unified*) unified=1 ;; esac
         case "$cfg" in *+fa) fa=1 ;; esac
         log "llama.cpp $name $cfg (-np $np -n $n)"
-        "$root/bench/llama-cpp.sh" -m "$model" -f "$prompt" -np "$np" -n "$n" -t "$(nproc)" --temp 1.5 -s 42 \
+        "$root/bench/llama-cpp.sh" -m "$m" -f "$prompt" -np "$np" -n "$n" -t "$(nproc)" --temp 1.5 -s 42 \
           --kv-unified "$unified" --flash-attn "$fa" > "$raw/llama-cpp-$name-$cfg.json" 2> "$raw/llama-cpp-$name-$cfg.log" ||
           { log "llama.cpp $name $cfg failed (see $raw/llama-cpp-$name-$cfg.log)"; rm -f "$raw/llama-cpp-$name-$cfg.json"; }
       done
     }
-    llama_run smollm2-135m-np8 8 2320
-    llama_run smollm2-135m-np32 32 512
+    llama_run smollm2-135m-np8 "$model" 8 2320
+    llama_run smollm2-135m-np32 "$model" 32 512
+    # The Llama 3.2 1B-shaped model in q4_K_M (the type users download most; make-random-llama mixes q4_K and
+    # q6_K as llama-quantize does), all 16 layers, 8 sequences x 1,024 tokens: cascade's default (auto) and
+    # llama.cpp's two fastest configurations on one stream per sequence.
+    big_q4="$out/llama3.2-1b-random-q4_K_M.gguf"
+    log "writing $big_q4"
+    "$mkrandom" --vocab-from "$model" --out "$big_q4" --shape llama3.2-1b --type q4_K_M 2> "$raw/make-random-llama-q4_K_M.log"
+    decode llama3.2-1b-q4_K_M-np8 "$big_q4" 8 1024 auto
+    llama_run llama3.2-1b-q4_K_M-np8 "$big_q4" 8 1024 "streams streams+fa"
+    rm -f "$big_q4"
   else
     log "llama.cpp skipped: $(echo "$client_log" | tail -1)"
   fi

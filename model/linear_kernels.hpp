@@ -1,5 +1,6 @@
-// What linear.cpp and the kernel tiers share: the activation forms, the entry points every tier defines, and the
-// target regions of the tiers that cascade/simd.hpp does not name. Not part of the runtime's interface.
+// What linear.cpp and the kernel tiers share: the activation forms, the entry points every tier defines, the rows16
+// layout of packed weights (linear_pack.cpp), and the target regions of the tiers that cascade/simd.hpp does not
+// name. Not part of the runtime's interface.
 //
 // The kernels come in tiers, one per linear::Path, each in its own namespace and compiled once, in its own unit,
 // for its own instruction set, as the attention kernels are (cascade/cpu/kernel.hpp):
