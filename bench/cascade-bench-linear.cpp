@@ -8,9 +8,11 @@
 //       order of a forward pass (q, k, v share their input and one split across the threads; gate and up too,
 //       as linear::matmul_group) - one step's linear work.
 // Each row gives the weights' bytes and GB/s (bytes / time), int8 GOP/s (2 * rows * n_in * n_out / time; f32
-// FLOP/s on the f32 path), their fractions of the measured bandwidth and of the path's int8 peak, and the speed
+// FLOP/s on the f32 path), their fractions of the measured bandwidth and of the int8 peak of what multiplied them
+// (the path's instruction; AMX tiles' tdpbsud where rows of X went to tiles: the products column), and the speed
 // against the f32 path (weights dequantized tile by tile, f32 activations: the runtime's previous path) when
-// that is among the paths run.
+// that is among the paths run. Quantized weights are packed in blocks of 16 rows as a model packs them when it
+// loads (linear::pack), unless --layout rows asks for them as the file stores them.
 #include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
 
 #include <tbb/global_control.h>
@@ -47,13 +49,15 @@ namespace linear = cascade::linear;
 void usage() {
   std::printf(
       "usage: cascade-bench-linear [options]\n"
-      "  --shape LIST      smollm2-135m (default), llama3.2-1b\n"
+      "  --shape LIST      smollm2-135m (default), llama3.2-1b, llama3-8b\n"
       "  --rows LIST       rows of X, i.e. tokens of a step (default 1,8,32,128,512)\n"
       "  --type LIST       weight types: q4_0, q4_1, q8_0, q4_K, q5_K, q6_K, f16, bf16, f32 (default q4_1,q8_0)\n"
       "  --path LIST       active (the default path), portable, avx2, avx-vnni, avx512-vnni, f32 (weights\n"
       "                    dequantized tile by tile, f32 activations) (default active,f32)\n"
       "  --matrices LIST   q, k, v, o, gate, up, down, lm_head, layers (default all of them)\n"
-      "  --layers N        layers in the 'layers' rows (default: the model's, at most 4 for llama3.2-1b)\n"
+      "  --layers N        layers in the 'layers' rows (default: the model's, at most 4 for llama3.2-1b, 1 for\n"
+      "                    llama3-8b)\n"
+      "  --layout L        rows16 (default: quantized weights packed as a model loads them) or rows (as stored)\n"
       "  --threads N       threads (default: all)\n"
       "  --reps N          timed repetitions (default 7; the median is reported)\n"
       "  -o md|csv|json    output format (default md)\n");
@@ -84,6 +88,7 @@ const std::map<std::string, Shape>& shapes() {
   static const std::map<std::string, Shape> s = {
       {"smollm2-135m", {"smollm2-135m", 576, 576, 192, 1536, 49152, 30, 30}},
       {"llama3.2-1b", {"llama3.2-1b", 2048, 2048, 512, 8192, 128256, 16, 4}},
+      {"llama3-8b", {"llama3-8b", 4096, 4096, 1024, 14336, 128256, 32, 1}},
   };
   return s;
 }
@@ -146,7 +151,7 @@ std::vector<uint8_t> random_weights(TensorType t, int64_t n_in, int64_t n_out, u
 }
 
 struct Row {
-  std::string shape, matrix, type, path;
+  std::string shape, matrix, type, path, products;
   int64_t rows, n_in, n_out, n_matrices;
   double ms, bytes, ops;
 };
@@ -187,7 +192,7 @@ struct Args {
   std::vector<int64_t> rows = {1, 8, 32, 128, 512};
   int threads = 0, reps = 7;
   int64_t layers = 0;  // 0: the shape's max_layers
-  std::string format = "md";
+  std::string format = "md", layout = "rows16";
   bool help = false;
 };
 
@@ -215,6 +220,9 @@ Args parse_args(int argc, char** argv) {
       a.mats = split_list(value());
     } else if (f == "--layers") {
       a.layers = parse_int(f, value(), 1, 1024);
+    } else if (f == "--layout") {
+      a.layout = value();
+      if (a.layout != "rows16" && a.layout != "rows") die("--layout: expected rows16 or rows");
     } else if (f == "--threads") {
       a.threads = int(parse_int(f, value(), 0, 1024));
     } else if (f == "--reps") {
@@ -264,6 +272,7 @@ Limits measure_limits(const std::vector<std::string>& paths, int threads) {
     else if (p == "portable") l.peak[p] = 0;
     else l.peak[p] = bench::measure_int8_peak(path_of(p), threads);
   }
+  if (linear::amx_int8_usable()) l.peak["amx"] = bench::measure_amx_int8_peak(threads);
   std::fprintf(stderr, "cascade-bench-linear: %d threads, read bandwidth %.1f GB/s", threads, l.bw / 1e9);
   for (const auto& [p, v] : l.peak)
     if (v > 0) std::fprintf(stderr, ", %s peak %.0f G%s/s", p.c_str(), v / 1e9, p == "f32" ? "FLOP" : "OP");
@@ -276,31 +285,44 @@ Limits measure_limits(const std::vector<std::string>& paths, int threads) {
 // of blocks, or 'layers' was not asked for).
 struct Weights {
   TensorType type;
+  bool packed = false;  // quantized matrices in the rows16 layout
   std::map<std::string, std::vector<uint8_t>> single;
   std::vector<std::vector<uint8_t>> store;
   std::vector<std::vector<linear::Matrix>> layer_w;
   linear::Matrix lm_head{};
 };
 
+// The matrix of type t and shape (n_in, n_out) in `bytes`, packed in place (through a copy) where w.packed.
+linear::Matrix matrix_of(const Weights& w, std::vector<uint8_t>& bytes, int64_t n_in, int64_t n_out) {
+  const linear::Matrix m = linear::Matrix::view(w.type, bytes.data(), n_in, n_out);
+  if (!w.packed) return m;
+  const std::vector<uint8_t> rows = bytes;
+  return linear::pack(linear::Matrix::view(w.type, rows.data(), n_in, n_out), bytes.data());
+}
+
 void make_weights(const Shape& shape, TensorType t, const std::vector<std::string>& mats, int64_t n_layers,
-                  Weights& w) {
+                  bool rows16, Weights& w) {
   w.type = t;
+  w.packed = rows16 && linear::can_pack(t);
   const int64_t bs = cascade::gguf::block_size(t);
   const auto ok = [&](const MatShape& m) { return m.n_in % bs == 0; };
   const std::vector<MatShape> all = matrices(shape);
   for (const MatShape& m : all)
-    if (ok(m) && std::count(mats.begin(), mats.end(), m.name)) w.single[m.name] = random_weights(t, m.n_in, m.n_out, 1);
+    if (ok(m) && std::count(mats.begin(), mats.end(), m.name)) {
+      w.single[m.name] = random_weights(t, m.n_in, m.n_out, 1);
+      matrix_of(w, w.single[m.name], m.n_in, m.n_out);
+    }
   if (!std::count(mats.begin(), mats.end(), "layers") || !std::all_of(all.begin(), all.end(), ok)) return;
   for (int64_t il = 0; il < n_layers; ++il) {
     std::vector<linear::Matrix> ws;
     for (size_t j = 0; j + 1 < all.size(); ++j) {
       w.store.push_back(random_weights(t, all[j].n_in, all[j].n_out, uint64_t(100 * il + j)));
-      ws.push_back(linear::Matrix::view(t, w.store.back().data(), all[j].n_in, all[j].n_out));
+      ws.push_back(matrix_of(w, w.store.back(), all[j].n_in, all[j].n_out));
     }
     w.layer_w.push_back(ws);
   }
   w.store.push_back(random_weights(t, shape.n_embd, shape.n_vocab, 7));
-  w.lm_head = linear::Matrix::view(t, w.store.back().data(), shape.n_embd, shape.n_vocab);
+  w.lm_head = matrix_of(w, w.store.back(), shape.n_embd, shape.n_vocab);
 }
 
 // X (n rows of the widest input) and three outputs of the widest output.
@@ -321,18 +343,26 @@ double time_ms(bench::CacheFlusher& flusher, int reps, F&& f) {
   return median(ms);
 }
 
+// What multiplied a row's weights: "amx" where rows of X went to AMX tiles, else the path (linear.cpp decides the
+// same way: the avx512-vnni path, a quantized type, at least linear::kAmxRows rows of X).
+std::string products_of(const std::string& path, TensorType t, int64_t n) {
+  const bool quantized = linear::can_pack(t);
+  return path == "avx512-vnni" && quantized && n >= linear::kAmxRows && linear::amx_int8_usable() ? "amx" : path;
+}
+
 // One row per matrix of w.single: each multiplied alone.
 void time_single(const Shape& shape, const Weights& w, const std::string& path, int64_t n, Buffers& b, int reps,
                  bench::CacheFlusher& flusher, std::vector<Row>& out) {
   for (const MatShape& m : matrices(shape)) {
     if (!w.single.count(m.name)) continue;
-    const auto mat = linear::Matrix::view(w.type, w.single.at(m.name).data(), m.n_in, m.n_out);
+    linear::Matrix mat = linear::Matrix::view(w.type, w.single.at(m.name).data(), m.n_in, m.n_out);
+    if (w.packed) mat.layout = linear::Layout::rows16;  // packed in place by make_weights
     const double ms = time_ms(flusher, reps, [&] {
       const linear::Input in(b.x.data(), n, m.n_in);  // quantizing X is part of the product
       multiply(path, mat, in, b.y.data());
     });
-    out.push_back({shape.name, m.name, cascade::gguf::type_name(w.type), path, n, m.n_in, m.n_out, 1, ms,
-                   double(mat.bytes()), 2.0 * double(n) * double(mat.n_in) * double(mat.n_out)});
+    out.push_back({shape.name, m.name, cascade::gguf::type_name(w.type), path, products_of(path, w.type, n), n,
+                   m.n_in, m.n_out, 1, ms, double(mat.bytes()), 2.0 * double(n) * double(mat.n_in) * double(mat.n_out)});
   }
 }
 
@@ -353,8 +383,8 @@ void time_layers(const Shape& shape, const Weights& w, const std::string& path, 
     multiply(path, w.lm_head, linear::Input(b.x.data(), n, shape.n_embd), b.y.data());
   });
   const int64_t n_layers = int64_t(w.layer_w.size());
-  out.push_back({shape.name, "layers", cascade::gguf::type_name(w.type), path, n, shape.n_embd, n_layers,
-                 n_layers * 7 + 1, ms, bytes, ops});
+  out.push_back({shape.name, "layers", cascade::gguf::type_name(w.type), path, products_of(path, w.type, n), n,
+                 shape.n_embd, n_layers, n_layers * 7 + 1, ms, bytes, ops});
 }
 
 // Every row of one shape and type, for each number of rows of X and path.
@@ -372,8 +402,7 @@ void time_shape(const Shape& shape, const Weights& w, const Args& a, bench::Cach
     for (auto& v : b.x) v = nd(rng);
     for (const auto& path : a.paths) {
       time_single(shape, w, path, n, b, a.reps, flusher, out);
-      if (!w.layer_w.empty() && (n <= 128 || shape.name == "smollm2-135m"))
-        time_layers(shape, w, path, n, b, a.reps, flusher, out);
+      if (!w.layer_w.empty()) time_layers(shape, w, path, n, b, a.reps, flusher, out);
     }
   }
 }
@@ -390,16 +419,17 @@ void print_md(const std::vector<Row>& out, int threads, const Limits& l) {
   std::printf("threads %d, read bandwidth %.1f GB/s", threads, l.bw / 1e9);
   for (const auto& [p, v] : l.peak)
     if (v > 0) std::printf(", %s peak %.0f G%s/s", p.c_str(), v / 1e9, p == "f32" ? "FLOP" : "OP");
-  std::printf("\n\n| shape | matrix | n_out x n_in | type | rows | path | ms | GB/s | of bw | GOP/s | of peak "
-              "| vs f32 |\n");
-  std::printf("|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("\n\n| shape | matrix | n_out x n_in | type | rows | path | products | ms | GB/s | of bw | GOP/s "
+              "| of peak | vs f32 |\n");
+  std::printf("|---|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|\n");
   for (const Row& r : out) {
     const double gbs = r.bytes / (r.ms * 1e-3) / 1e9, gops = r.ops / (r.ms * 1e-3) / 1e9;
-    const double pk = l.peak.at(r.path), f = f32_ms(out, r);
+    const double pk = l.peak.at(r.products), f = f32_ms(out, r);
     const std::string dims = r.matrix == "layers" ? std::to_string(r.n_out) + " layers + lm_head"
                                                   : std::to_string(r.n_out) + " x " + std::to_string(r.n_in);
-    std::printf("| %s | %s | %s | %s | %lld | %s | %.3f | %.1f | %.0f%% | %.1f | %s | %s |\n", r.shape.c_str(),
-                r.matrix.c_str(), dims.c_str(), r.type.c_str(), (long long)r.rows, r.path.c_str(), r.ms, gbs,
+    std::printf("| %s | %s | %s | %s | %lld | %s | %s | %.3f | %.1f | %.0f%% | %.1f | %s | %s |\n", r.shape.c_str(),
+                r.matrix.c_str(), dims.c_str(), r.type.c_str(), (long long)r.rows, r.path.c_str(), r.products.c_str(),
+                r.ms, gbs,
                 100 * gbs * 1e9 / l.bw, gops,
                 pk > 0 ? (std::to_string(int(std::lround(100 * gops * 1e9 / pk))) + "%").c_str() : "-",
                 f > 0 && r.path != "f32" ? (std::to_string(f / r.ms).substr(0, 5) + "x").c_str() : "-");
@@ -407,14 +437,14 @@ void print_md(const std::vector<Row>& out, int threads, const Limits& l) {
 }
 
 void print_csv(const std::vector<Row>& out, const Limits& l) {
-  std::printf("shape,matrix,n_in,n_out,n_matrices,type,rows,path,ms,bytes,ops,gb_s,gop_s,read_bw_gb_s,peak_gop_s,"
-              "vs_f32\n");
+  std::printf("shape,matrix,n_in,n_out,n_matrices,type,rows,path,products,ms,bytes,ops,gb_s,gop_s,read_bw_gb_s,"
+              "peak_gop_s,vs_f32\n");
   for (const Row& r : out) {
     const double f = f32_ms(out, r);
-    std::printf("%s,%s,%lld,%lld,%lld,%s,%lld,%s,%.6f,%.0f,%.0f,%.3f,%.3f,%.3f,%.3f,%.4f\n", r.shape.c_str(),
+    std::printf("%s,%s,%lld,%lld,%lld,%s,%lld,%s,%s,%.6f,%.0f,%.0f,%.3f,%.3f,%.3f,%.3f,%.4f\n", r.shape.c_str(),
                 r.matrix.c_str(), (long long)r.n_in, (long long)r.n_out, (long long)r.n_matrices, r.type.c_str(),
-                (long long)r.rows, r.path.c_str(), r.ms, r.bytes, r.ops, r.bytes / r.ms / 1e6, r.ops / r.ms / 1e6,
-                l.bw / 1e9, l.peak.at(r.path) / 1e9, f > 0 ? f / r.ms : 0.0);
+                (long long)r.rows, r.path.c_str(), r.products.c_str(), r.ms, r.bytes, r.ops, r.bytes / r.ms / 1e6,
+                r.ops / r.ms / 1e6, l.bw / 1e9, l.peak.at(r.products) / 1e9, f > 0 ? f / r.ms : 0.0);
   }
 }
 
@@ -430,11 +460,14 @@ void print_json(const std::vector<Row>& out, int threads, const Limits& l) {
     const Row& r = out[i];
     const double f = f32_ms(out, r);
     std::printf("  {\"shape\": \"%s\", \"matrix\": \"%s\", \"n_in\": %lld, \"n_out\": %lld, \"n_matrices\": %lld, "
-                "\"type\": \"%s\", \"rows\": %lld, \"path\": \"%s\", \"ms\": %.6f, \"bytes\": %.0f, \"ops\": %.0f, "
-                "\"gb_s\": %.3f, \"gop_s\": %.3f, \"vs_f32\": %.4f}%s\n",
+                "\"type\": \"%s\", \"rows\": %lld, \"path\": \"%s\", \"products\": \"%s\", \"ms\": %.6f, "
+                "\"bytes\": %.0f, \"ops\": %.0f, \"gb_s\": %.3f, \"gop_s\": %.3f, \"of_bw\": %.4f, \"of_peak\": %.4f, "
+                "\"vs_f32\": %.4f}%s\n",
                 r.shape.c_str(), r.matrix.c_str(), (long long)r.n_in, (long long)r.n_out, (long long)r.n_matrices,
-                r.type.c_str(), (long long)r.rows, r.path.c_str(), r.ms, r.bytes, r.ops, r.bytes / r.ms / 1e6,
-                r.ops / r.ms / 1e6, f > 0 ? f / r.ms : 0.0, i + 1 < out.size() ? "," : "");
+                r.type.c_str(), (long long)r.rows, r.path.c_str(), r.products.c_str(), r.ms, r.bytes, r.ops,
+                r.bytes / r.ms / 1e6, r.ops / r.ms / 1e6, r.bytes / (r.ms * 1e-3) / l.bw,
+                l.peak.at(r.products) > 0 ? r.ops / (r.ms * 1e-3) / l.peak.at(r.products) : 0.0, f > 0 ? f / r.ms : 0.0,
+                i + 1 < out.size() ? "," : "");
   }
   std::printf("]}\n");
 }
@@ -457,7 +490,7 @@ int main(int argc, char** argv) try {
     const Shape& shape = shapes().at(sn);
     for (TensorType t : types) {
       Weights w;
-      make_weights(shape, t, a.mats, a.layers ? a.layers : shape.max_layers, w);
+      make_weights(shape, t, a.mats, a.layers ? a.layers : shape.max_layers, a.layout == "rows16", w);
       time_shape(shape, w, a, flusher, out);
     }
   }

@@ -5,7 +5,8 @@
 //   avx-vnni     vpdpbusd on 8 lanes (32)
 //   avx2         vpmaddubsw + vpmaddwd + vpaddd on 8 lanes (32 per three instructions)
 // Each thread runs 12 independent accumulator chains, enough to cover the instructions' latency; the best of 5
-// runs is kept. The portable path has no such peak (0).
+// runs is kept. The portable path has no such peak (0). measure_amx_int8_peak: AMX tiles' tdpbsud (16,384
+// multiply-adds per instruction) on four independent 16 x 16 sums, where the process may run them.
 #pragma once
 
 #include "cascade/simd.hpp"  // before oneTBB
@@ -64,7 +65,64 @@ __attribute__((target("avx2"), noinline)) inline int64_t run_maddubs(int64_t ite
 }
 #endif
 
+#if CASCADE_X86 && defined(__x86_64__)
+// tdpbsud into four C tiles from two A and two B tiles (16 x 64 bytes each), iters times; tiles configured and
+// released here (per-thread state).
+inline void run_amx_int8(int64_t iters) {
+  struct alignas(64) {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+  } cfg;
+  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  alignas(64) static const int8_t ones[16 * 64] = {};
+  __asm__ volatile("ldtilecfg\t%0" ::"m"(cfg));
+  __asm__ volatile(
+      "{tileloadd\t(%0,%1,1), %%tmm4|tileloadd\t%%tmm4, [%0+%1*1]}\n\t"
+      "{tileloadd\t(%0,%1,1), %%tmm5|tileloadd\t%%tmm5, [%0+%1*1]}\n\t"
+      "{tileloadd\t(%0,%1,1), %%tmm6|tileloadd\t%%tmm6, [%0+%1*1]}\n\t"
+      "{tileloadd\t(%0,%1,1), %%tmm7|tileloadd\t%%tmm7, [%0+%1*1]}\n\t"
+      "tilezero\t%%tmm0\n\ttilezero\t%%tmm1\n\ttilezero\t%%tmm2\n\ttilezero\t%%tmm3" ::"r"(ones),
+      "r"(int64_t(64))
+      : "memory");
+  for (int64_t i = 0; i < iters; ++i)
+    __asm__ volatile(
+        "{tdpbsud\t%%tmm6, %%tmm4, %%tmm0|tdpbsud\t%%tmm0, %%tmm4, %%tmm6}\n\t"
+        "{tdpbsud\t%%tmm7, %%tmm4, %%tmm1|tdpbsud\t%%tmm1, %%tmm4, %%tmm7}\n\t"
+        "{tdpbsud\t%%tmm6, %%tmm5, %%tmm2|tdpbsud\t%%tmm2, %%tmm5, %%tmm6}\n\t"
+        "{tdpbsud\t%%tmm7, %%tmm5, %%tmm3|tdpbsud\t%%tmm3, %%tmm5, %%tmm7}" ::);
+  __asm__ volatile("tilerelease" ::: "memory");
+}
+#endif
+
 }  // namespace int8_peak_detail
+
+// int8 operations per second of AMX tiles' tdpbsud with n_threads threads; 0 where the process may not run them
+// (cascade::linear::amx_int8_usable()).
+inline double measure_amx_int8_peak(int n_threads) {
+  namespace d = int8_peak_detail;
+  if (!cascade::linear::amx_int8_usable()) return 0;
+  double best = 0;
+#if CASCADE_X86 && defined(__x86_64__)
+  const int64_t iters = 1 << 16;
+  const double ops = 2.0 * 4 * 16 * 16 * 64 * double(iters);
+  tbb::task_arena arena(n_threads);
+  arena.execute([&] {
+    for (int rep = 0; rep < 5; ++rep) {
+      std::vector<double> rate(static_cast<size_t>(n_threads));
+      tbb::parallel_for(0, n_threads, [&](int t) {
+        const auto t0 = std::chrono::steady_clock::now();
+        d::run_amx_int8(iters);
+        rate[size_t(t)] = ops / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }, tbb::static_partitioner());
+      double total = 0;
+      for (double v : rate) total += v;
+      best = std::max(best, total);
+    }
+  });
+#endif
+  return best;
+}
 
 // int8 operations per second of path's instruction with n_threads threads; 0 for the portable path.
 inline double measure_int8_peak(cascade::linear::Path path, int n_threads) {

@@ -4,10 +4,16 @@
 // the vocabulary size is that tokenizer's.
 //
 //   make-random-llama --vocab-from models/SmolLM2-135M-Instruct.Q4_1.gguf --out llama-1b-random.gguf
-//                     [--shape llama3.2-1b] [--layers N] [--type q8_0|f16] [--seed N]
+//                     [--shape llama3.2-1b] [--layers N] [--type q8_0|f16|q4_K_M] [--seed N]
 //
-// Weights: every matrix entry is uniform with standard deviation 0.5/sqrt(n_in), so activations neither
-// vanish nor blow up over the layers; norms are ones. The text it generates is noise; the timing is real.
+// Weights: every matrix entry has standard deviation about 0.5/sqrt(n_in) (uniform for q8_0 and f16; random codes
+// under random 6-bit or 8-bit group scales for the K-quants), so activations neither vanish nor blow up over the
+// layers; norms are ones. The text it generates is noise; the timing is real.
+//
+// q4_K_M mixes types as llama.cpp's llama-quantize does for that name on a Llama file: q4_K, with attn_v and
+// ffn_down in q6_K in the layers it gives more bits (the first and last eighth, and every third one between) and
+// the output matrix (here the tied embeddings) in q6_K. Every key is written with the type llama.cpp reads it as
+// (the tokenizer's as the source file has them), so llama.cpp loads the files.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -53,11 +59,61 @@ struct Rng {
   }
 };
 
-// A random (n_out, n_in) matrix, ne = {n_in, n_out}, in Q8_0 (34-byte blocks of 32) or F16.
+uint16_t half_bits(double v) {
+  const cascade::f16 h(static_cast<float>(v));
+  uint16_t bits;
+  std::memcpy(&bits, &h, 2);
+  return bits;
+}
+
+// One q4_K block of random codes: eight groups of 32 with 6-bit scales in [32, 63] and mins that centre them
+// (value = d sc q - dmin m, q uniform in 0..15: sd 4.6 d sc); sd: the values' standard deviation.
+void random_q4_k(uint8_t* b, double sd, Rng& rng) {
+  const double d = sd / (4.61 * 47.5), dmin = 8 * d;
+  const uint16_t dh = half_bits(d), mh = half_bits(dmin);
+  std::memcpy(b, &dh, 2);
+  std::memcpy(b + 2, &mh, 2);
+  int sc[8], mn[8];
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = 32 + int(rng.next() % 32);
+    mn[j] = int(std::lround(7.5 * sc[j] / 8));
+  }
+  // the 12 scale bytes as quant.cpp's scale_min_k4 reads them
+  uint8_t* s = b + 4;
+  for (int j = 0; j < 4; ++j) {
+    s[j] = uint8_t(sc[j] | (sc[j + 4] >> 4) << 6);
+    s[j + 4] = uint8_t(mn[j] | (mn[j + 4] >> 4) << 6);
+    s[j + 8] = uint8_t((sc[j + 4] & 15) | (mn[j + 4] & 15) << 4);
+  }
+  for (int i = 0; i < 128; i += 8) {
+    const uint64_t r = rng.next();
+    std::memcpy(b + 16 + i, &r, 8);
+  }
+}
+
+// One q6_K block of random codes: sixteen groups of 16 with i8 scales in [64, 127] (value = d scale (q - 32), q
+// uniform in 0..63: sd 18.5 d scale).
+void random_q6_k(uint8_t* b, double sd, Rng& rng) {
+  for (int i = 0; i < 192; i += 8) {
+    const uint64_t r = rng.next();
+    std::memcpy(b + i, &r, 8);
+  }
+  for (int g = 0; g < 16; ++g) b[192 + g] = uint8_t(64 + rng.next() % 64);
+  const uint16_t dh = half_bits(sd / (18.5 * 95.5));
+  std::memcpy(b + 208, &dh, 2);
+}
+
+// A random (n_out, n_in) matrix, ne = {n_in, n_out}, in Q8_0 (34-byte blocks of 32), F16, Q4_K or Q6_K.
 std::vector<uint8_t> random_matrix(gguf::TensorType type, int64_t n_in, int64_t n_out, Rng& rng) {
   const double sd = 0.5 / std::sqrt(double(n_in));
   std::vector<uint8_t> out(size_t(gguf::row_bytes(type, n_in) * uint64_t(n_out)));
-  if (type == gguf::TensorType::Q8_0) {
+  if (type == gguf::TensorType::Q4_K || type == gguf::TensorType::Q6_K) {
+    const size_t bb = gguf::block_bytes(type);
+    for (size_t b = 0; b < out.size(); b += bb) {
+      if (type == gguf::TensorType::Q4_K) random_q4_k(out.data() + b, sd, rng);
+      else random_q6_k(out.data() + b, sd, rng);
+    }
+  } else if (type == gguf::TensorType::Q8_0) {
     // int8 uniform in [-127, 127] has sd ~73.6: scale d = sd / 73.6.
     const cascade::f16 d(float(sd / 73.6));
     uint16_t d_bits;
@@ -85,13 +141,17 @@ void copy_tokenizer(const gguf::File& src, gguf::Writer& w) {
     switch (v.type) {
       case gguf::ValueType::STRING: w.set_string(kv.key, v.str); break;
       case gguf::ValueType::BOOL: w.set_bool(kv.key, v.u != 0); break;
-      case gguf::ValueType::U8: case gguf::ValueType::U16: case gguf::ValueType::U32: case gguf::ValueType::U64:
-        w.set_u64(kv.key, v.u);
-        break;
-      case gguf::ValueType::I8: case gguf::ValueType::I16: case gguf::ValueType::I32: case gguf::ValueType::I64:
-        w.set_i64(kv.key, v.i);
-        break;
-      case gguf::ValueType::F32: case gguf::ValueType::F64: w.set_f32(kv.key, float(v.f)); break;
+      // each with its own type: llama.cpp refuses a token id of another width ("wrong type u64 but expected u32")
+      case gguf::ValueType::U8: w.set_u8(kv.key, uint8_t(v.u)); break;
+      case gguf::ValueType::U16: w.set_u16(kv.key, uint16_t(v.u)); break;
+      case gguf::ValueType::U32: w.set_u32(kv.key, uint32_t(v.u)); break;
+      case gguf::ValueType::U64: w.set_u64(kv.key, v.u); break;
+      case gguf::ValueType::I8: w.set_i8(kv.key, int8_t(v.i)); break;
+      case gguf::ValueType::I16: w.set_i16(kv.key, int16_t(v.i)); break;
+      case gguf::ValueType::I32: w.set_i32(kv.key, int32_t(v.i)); break;
+      case gguf::ValueType::I64: w.set_i64(kv.key, v.i); break;
+      case gguf::ValueType::F32: w.set_f32(kv.key, float(v.f)); break;
+      case gguf::ValueType::F64: w.set_f64(kv.key, v.f); break;
       case gguf::ValueType::ARRAY:
         if (v.elem_type == gguf::ValueType::STRING) w.set_string_array(kv.key, std::span<const std::string_view>(v.strings));
         else w.set_array(kv.key, v.elem_type, v.elems, v.count);
@@ -121,7 +181,7 @@ int main(int argc, char** argv) {
     else if (a == "--seed") seed = std::strtoull(value().c_str(), nullptr, 10);
     else if (a == "-h" || a == "--help") {
       std::printf("usage: make-random-llama --vocab-from GGUF --out FILE [--shape llama3.2-1b|llama3.2-3b|smollm2-360m]"
-                  " [--layers N] [--type q8_0|f16] [--seed N]\n");
+                  " [--layers N] [--type q8_0|f16|q4_K_M] [--seed N]\n");
       return 0;
     } else die("unknown flag '" + a + "'");
   }
@@ -130,10 +190,12 @@ int main(int argc, char** argv) {
   if (it == shapes().end()) die("unknown --shape '" + shape + "'");
   Dims dm = it->second;
   if (layers > 0) dm.n_layer = layers;
-  gguf::TensorType type;
-  if (type_name == "q8_0") type = gguf::TensorType::Q8_0;
-  else if (type_name == "f16") type = gguf::TensorType::F16;
-  else die("--type must be q8_0 or f16");
+  // the type of most matrices, and of the ones q4_K_M gives more bits (attn_v, ffn_down in some layers; output)
+  gguf::TensorType type, more;
+  if (type_name == "q8_0") type = more = gguf::TensorType::Q8_0;
+  else if (type_name == "f16") type = more = gguf::TensorType::F16;
+  else if (type_name == "q4_K_M") type = gguf::TensorType::Q4_K, more = gguf::TensorType::Q6_K;
+  else die("--type must be q8_0, f16 or q4_K_M");
   try {
     const gguf::File src = gguf::File::open(vocab_from);
     const int64_t n_vocab = int64_t(src.get_string_array("tokenizer.ggml.tokens").size());
@@ -153,23 +215,29 @@ int main(int argc, char** argv) {
     copy_tokenizer(src, w);
     Rng rng{seed * 0x9E3779B97F4A7C15ull | 1};
     const std::vector<float> ones(size_t(std::max(dm.n_embd, dm.n_ff)), 1.0f);
-    auto matrix = [&](const std::string& name, int64_t n_in, int64_t n_out) {
-      const std::vector<uint8_t> data = random_matrix(type, n_in, n_out, rng);
-      w.add_tensor(name, type, {n_in, n_out}, data.data());
+    auto matrix = [&](const std::string& name, int64_t n_in, int64_t n_out, gguf::TensorType t) {
+      const std::vector<uint8_t> data = random_matrix(t, n_in, n_out, rng);
+      w.add_tensor(name, t, {n_in, n_out}, data.data());
     };
-    matrix("token_embd.weight", dm.n_embd, n_vocab);  // tied output
+    // llama-quantize's layers with more bits: the first and last eighth, and every third between
+    const auto more_bits = [&](int64_t il) {
+      const int64_t n = dm.n_layer;
+      return il < n / 8 || il >= 7 * n / 8 || (il - n / 8) % 3 == 2;
+    };
+    matrix("token_embd.weight", dm.n_embd, n_vocab, more);  // tied output
     w.add_tensor("output_norm.weight", gguf::TensorType::F32, {dm.n_embd}, ones.data());
     for (int64_t il = 0; il < dm.n_layer; ++il) {
       const std::string p = "blk." + std::to_string(il) + ".";
       w.add_tensor(p + "attn_norm.weight", gguf::TensorType::F32, {dm.n_embd}, ones.data());
       w.add_tensor(p + "ffn_norm.weight", gguf::TensorType::F32, {dm.n_embd}, ones.data());
-      matrix(p + "attn_q.weight", dm.n_embd, dm.n_embd);
-      matrix(p + "attn_k.weight", dm.n_embd, dkv);
-      matrix(p + "attn_v.weight", dm.n_embd, dkv);
-      matrix(p + "attn_output.weight", dm.n_embd, dm.n_embd);
-      matrix(p + "ffn_gate.weight", dm.n_embd, dm.n_ff);
-      matrix(p + "ffn_up.weight", dm.n_embd, dm.n_ff);
-      matrix(p + "ffn_down.weight", dm.n_ff, dm.n_embd);
+      const gguf::TensorType tv = more_bits(il) ? more : type;
+      matrix(p + "attn_q.weight", dm.n_embd, dm.n_embd, type);
+      matrix(p + "attn_k.weight", dm.n_embd, dkv, type);
+      matrix(p + "attn_v.weight", dm.n_embd, dkv, tv);
+      matrix(p + "attn_output.weight", dm.n_embd, dm.n_embd, type);
+      matrix(p + "ffn_gate.weight", dm.n_embd, dm.n_ff, type);
+      matrix(p + "ffn_up.weight", dm.n_embd, dm.n_ff, type);
+      matrix(p + "ffn_down.weight", dm.n_ff, dm.n_embd, tv);
     }
     w.write(out);
     std::fprintf(stderr, "make-random-llama: wrote %s (%s, %lld layers, vocab %lld, %s)\n", out.c_str(), shape.c_str(),

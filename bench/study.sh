@@ -12,15 +12,16 @@
 # Default: about 25 minutes on a quiet 2-core machine (docs/study.md). --quick (CI smoke test): under 3 minutes,
 # small sweeps, a short decode run, no large model. --llama-cpp (not with --quick): the same decode runs by
 # llama.cpp too, in its four configurations (one KV buffer + mask or one stream per sequence, flash attention on or
-# off), built from source by bench/llama-cpp.sh (OUTDIR/raw/llama-cpp-*.json; about 35 minutes more); a missing
-# package or failed build is one line in the log and the study goes on without it. With --llama-cpp, Gemma 3 270M
-# (models/gemma-3-270m-q4_k_m.gguf, `bash scripts/setup.sh --models`) runs beside llama.cpp too when the file is
+# off), and the Llama 3.2 1B-shaped model in q4_K_M by both (cascade's auto, llama.cpp's two one-stream
+# configurations), built from source by bench/llama-cpp.sh (OUTDIR/raw/llama-cpp-*.json; about 50 minutes more); a
+# missing package or failed build is one line in the log and the study goes on without it. With --llama-cpp, Gemma 3
+# 270M (models/gemma-3-270m-q4_k_m.gguf, `bash scripts/setup.sh --models`) runs beside llama.cpp too when the file is
 # there (a log line when it is not): cascade --attn auto and llama.cpp's four configurations at 8 sequences x
 # 2,048 tokens and 32 x 512 (about 40 minutes more). --gemma: those Gemma points alone (the file must be there),
 # no sweeps and no other model. --threads N: the decode runs of both engines on N threads (default: all the
 # machine's). Needs the build (scripts/test.sh or cmake --build build); CASCADE_BUILD points at another build
-# folder. The random-weight Llama 3.2 1B-shaped model is written to OUTDIR and deleted after its run (it is large
-# and regenerated in seconds).
+# folder. The random-weight Llama 3.2 1B-shaped models are written to OUTDIR and deleted after their runs (they are
+# large and regenerated in seconds).
 set -euo pipefail
 
 quick=0
@@ -187,9 +188,9 @@ fi
 if [ "$llama" = 1 ]; then
   log "llama.cpp: building (bench/llama-cpp.sh)"
   if client_log=$("$root/bench/llama-cpp.sh" --build-only 2>&1); then
-    llama_run() {  # name, model, n_parallel, n_predict
-      local name="$1" m="$2" np="$3" n="$4" cfg
-      for cfg in unified unified+fa streams streams+fa; do
+    llama_run() {  # name, model, n_parallel, n_predict[, configurations (default: all four)]
+      local name="$1" m="$2" np="$3" n="$4" cfgs="${5:-unified unified+fa streams streams+fa}" cfg
+      for cfg in $cfgs; do
         local unified=0 fa=0
         case "$cfg" in unified*) unified=1 ;; esac
         case "$cfg" in *+fa) fa=1 ;; esac
@@ -203,6 +204,16 @@ if [ "$llama" = 1 ]; then
     if [ "$gemma_only" = 0 ]; then
       llama_run smollm2-135m-np8 "$model" 8 2320
       llama_run smollm2-135m-np32 "$model" 32 512
+      # The Llama 3.2 1B-shaped model in q4_K_M (the type users download most; make-random-llama mixes q4_K and
+      # q6_K as llama-quantize does), all 16 layers, 8 sequences x 1,024 tokens: cascade's default (auto) and
+      # llama.cpp's two fastest configurations on one stream per sequence.
+      big_q4="$out/llama3.2-1b-random-q4_K_M.gguf"
+      log "writing $big_q4"
+      "$mkrandom" --vocab-from "$model" --out "$big_q4" --shape llama3.2-1b --type q4_K_M \
+        2> "$raw/make-random-llama-q4_K_M.log"
+      decode llama3.2-1b-q4_K_M-np8 "$big_q4" 8 1024 auto
+      llama_run llama3.2-1b-q4_K_M-np8 "$big_q4" 8 1024 "streams streams+fa"
+      rm -f "$big_q4"
     fi
     if [ "$run_gemma" = 1 ]; then
       llama_run gemma3-270m-np8 "$gemma" 8 2048

@@ -524,7 +524,8 @@ def summarize_llama(llama, runs):
             n = len(ours["step_ms"])
             c = {"attn": ours["attn"], "decode_tokens_per_s": ours["decode_tokens_per_s"], "prompt_ms": ours["prompt_ms"],
                  "step40_ms": step_at(ours, min(40, n)), "last_ms": mean(ours["step_ms"][-20:]), "n_steps": n,
-                 "n_prompt_tokens": ours["n_prompt_tokens"], "linear_path": ours.get("linear_path", "?")}
+                 "n_prompt_tokens": ours["n_prompt_tokens"],
+                 "linear_path": ours.get("linear_products", ours.get("linear_path", "?"))}
             c["growth"] = c["last_ms"] / c["step40_ms"] if c["step40_ms"] > 0 else float("nan")
             e["cascade"] = c
             b = e["configs"][best]

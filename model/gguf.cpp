@@ -367,6 +367,14 @@ File& File::operator=(File&& o) noexcept {
 
 File::~File() { release(); }
 
+void File::drop_pages(const uint8_t* p, uint64_t n) const {
+  const auto* map = static_cast<const uint8_t*>(map_);
+  if (map == nullptr || p < map || n > map_len_ || p - map > std::ptrdiff_t(map_len_ - n)) return;
+  const auto page = uint64_t(sysconf(_SC_PAGESIZE));
+  const uint64_t lo = (uint64_t(p - map) + page - 1) / page * page, hi = (uint64_t(p - map) + n) / page * page;
+  if (hi > lo) madvise(const_cast<uint8_t*>(map + lo), hi - lo, MADV_DONTNEED);  // a read-only private mapping
+}
+
 void File::release() noexcept {
   if (map_ != nullptr) munmap(map_, map_len_);
   map_ = nullptr;

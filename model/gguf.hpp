@@ -140,6 +140,10 @@ class File {
   const TensorInfo* find_tensor(std::string_view name) const;  // nullptr if absent
   // First byte of the tensor's data; its n_bytes are inside the file (checked when opened).
   const uint8_t* tensor_data(const TensorInfo& t) const { return data_ + data_offset_ + t.offset; }
+  // Says that the whole pages within [p, p + n) of a memory-mapped file will not be read for a while: they leave
+  // the process's memory, and a later read brings them back from the file. Nothing for bytes held in memory
+  // (from_bytes) or outside the file.
+  void drop_pages(const uint8_t* p, uint64_t n) const;
 
  private:
   File() = default;

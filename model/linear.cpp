@@ -6,6 +6,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -61,28 +62,38 @@ void with_type(TensorType t, F&& f) {
 
 namespace detail {
 
-int int8_lanes(Path path, int64_t n) { CASCADE_LINEAR_ON_TIER(path, int8_lanes(n)); }
-
-void quantize(Path path, const float* x, int64_t n, int64_t n_in, int lanes, Int8Form& f) {
-  f.lanes = lanes;
+void quantize(Path path, const float* x, int64_t n, int64_t n_in, Int8Form& f) {
   CASCADE_LINEAR_ON_TIER(path, quantize(x, n, n_in, f));
 }
 
 bool bf16_dot(Path path) { return path == Path::avx512_vnni && cpu_features().avx512_bf16; }
 
+namespace {
+std::atomic<int> g_tiles{-1};  // set_tiles' choice; -1: none
+}  // namespace
+
+Tiles tiles_for(Path path, int64_t n) {
+  const int forced = g_tiles.load(std::memory_order_relaxed);
+  if (forced >= 0) return Tiles(forced);
+  return path == Path::avx512_vnni && n >= kAmxRows && linear::amx_int8_usable() ? Tiles::amx : Tiles::vectors;
+}
+
+void set_tiles(Tiles tiles) { g_tiles.store(int(tiles), std::memory_order_relaxed); }
+void reset_tiles() { g_tiles.store(-1, std::memory_order_relaxed); }
+
 }  // namespace detail
 
 namespace {
 
-// Y[t, i] for t in [t0, t1), i in [i0, i1) on path's tier: the int8 form f for quantized weights, x (and xb, the
-// bf16 form where BF16 weights take it) for float ones.
-void rows_on(Path path, const Matrix& w, const detail::Int8Form* f, const float* x, const uint16_t* xb, int64_t i0,
-             int64_t i1, int64_t t0, int64_t t1, float* y) {
+// Y[t, i] for t in [t0, t1), i in [i0, i1) on path's tier: the int8 form f for quantized weights (on `tiles`), x
+// (and xb, the bf16 form where BF16 weights take it) for float ones.
+void rows_on(Path path, detail::Tiles tiles, const Matrix& w, const detail::Int8Form* f, const float* x,
+             const uint16_t* xb, int64_t i0, int64_t i1, int64_t t0, int64_t t1, float* y) {
   with_type(w.type, [&]<TensorType T>() {
     if constexpr (is_float_type(T)) {
       CASCADE_LINEAR_ON_TIER(path, rows_float<T>(w, x, xb, i0, i1, t0, t1, y));
     } else {
-      CASCADE_LINEAR_ON_TIER(path, rows_int8<T>(w, *f, i0, i1, t0, t1, y));
+      CASCADE_LINEAR_ON_TIER(path, rows_int8<T>(w, *f, i0, i1, t0, t1, y, tiles));
     }
   });
 }
@@ -109,7 +120,9 @@ Matrix Matrix::view(TensorType type, const void* data, int64_t n_in, int64_t n_o
 
 void Matrix::row(int64_t i, float* out) const {
   CASCADE_CHECK(i >= 0 && i < n_out, "linear: row ", i, " of a matrix of ", n_out, " rows");
-  gguf::dequantize_row(type, data + uint64_t(i) * row_bytes, out, n_in);
+  thread_local std::vector<uint8_t> scratch;
+  if (layout != Layout::rows) scratch.resize(size_t(row_bytes));
+  gguf::dequantize_row(type, row_blocks(i, scratch.data()), out, n_in);
 }
 
 // --- paths ---------------------------------------------------------------------------------------------
@@ -141,6 +154,27 @@ Path active_path() {
     if (can_run(p)) return p;
   return Path::portable;
 }
+
+std::string products_name(Path path) {
+  std::string name = path_name(path);
+  if (path == Path::avx512_vnni && amx_int8_usable()) name += "+amx-int8";
+  return name;
+}
+
+bool amx_int8_usable() {
+  static const bool usable = [] {
+#if CASCADE_X86
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_max(0, nullptr) < 7) return false;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (d & (1u << 25)) != 0 && amx_usable();  // AMX-INT8, and the tiles granted
+#else
+    return false;
+#endif
+  }();
+  return usable;
+}
+
 
 // --- activations ---------------------------------------------------------------------------------------
 
@@ -213,10 +247,10 @@ std::vector<uint16_t> Input::bf16() const {
 
 namespace {
 
+// The same numbers on every path (Input::int8_natural), so made once whatever path asks.
 const detail::Int8Form& int8_form(Path path, const Input& x) {
   detail::Int8Form& f = x.forms().int8;
-  const int lanes = detail::int8_lanes(path, x.n());
-  if (f.lanes != lanes) detail::quantize(path, x.data(), x.n(), x.n_in(), lanes, f);
+  if (!f.made) detail::quantize(path, x.data(), x.n(), x.n_in(), f);
   return f;
 }
 
@@ -254,16 +288,17 @@ void matmul_group(std::initializer_list<Product> products, const Input& x, Path 
   if (x.n() == 0 || n_products == 0) return;
   const detail::Int8Form* f = any_int8 ? &int8_form(path, x) : nullptr;
   const uint16_t* xb = any_bf16 && detail::bf16_dot(path) ? bf16_form(x) : nullptr;
-  // Panels of all the products in one index space: product j's panels are [first[j], first[j + 1]).
-  const int64_t pr = detail::kPanelRows;
+  const detail::Tiles tiles = detail::tiles_for(path, x.n());
+  // Blocks of 16 rows of all the products in one index space: product j's are [first[j], first[j + 1]).
+  const int64_t pr = detail::kBlockRows;
   std::vector<int64_t> first(size_t(n_products + 1), 0);
   for (int64_t j = 0; j < n_products; ++j)
     first[size_t(j + 1)] = first[size_t(j)] + (ps[j].w->n_out + pr - 1) / pr;
-  // Rows of X in blocks whose codes (or values) stay in the cache while every panel of W passes over them.
+  // Rows of X in blocks whose codes (or values) stay in the cache while every block of W passes over them.
   const int64_t n = x.n(), block = std::max<int64_t>(16, (int64_t(256) << 10) / x.n_in() / 16 * 16);
   for (int64_t t0 = 0; t0 < n; t0 += block) {
     const int64_t t1 = std::min(n, t0 + block);
-    // One contiguous share of the panels per thread (static_partitioner): each thread streams one run of W, and a
+    // One contiguous share of the blocks per thread (static_partitioner): each thread streams one run of W, and a
     // call forks and joins once. The auto partitioner's splitting and stealing cost more a call and started more
     // runs cold (docs/study.md, section 14).
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, first.back()), [&](const tbb::blocked_range<int64_t>& r) {
@@ -274,7 +309,7 @@ void matmul_group(std::initializer_list<Product> products, const Input& x, Path 
         const Matrix& w = *ps[j].w;
         const int64_t i0 = (p0 - first[size_t(j)]) * pr, i1 = std::min(w.n_out, (p1 - first[size_t(j)]) * pr);
         if (i1 <= i0) continue;  // a matrix of no rows
-        rows_on(path, w, f, x.data(), w.type == TensorType::BF16 ? xb : nullptr, i0, i1, t0, t1, ps[j].y);
+        rows_on(path, tiles, w, f, x.data(), w.type == TensorType::BF16 ? xb : nullptr, i0, i1, t0, t1, ps[j].y);
         p0 = p1;
       }
     }, tbb::static_partitioner());
@@ -297,8 +332,7 @@ void matmul_f32(const Matrix& w, const float* x, int64_t n, float* y) {
     thread_local std::vector<float> tile;
     const int64_t m = r.end() - r.begin();
     tile.resize(size_t(m * w.n_in));
-    for (int64_t i = 0; i < m; ++i)
-      gguf::dequantize_row(w.type, w.data + uint64_t(r.begin() + i) * w.row_bytes, tile.data() + i * w.n_in, w.n_in);
+    for (int64_t i = 0; i < m; ++i) w.row(r.begin() + i, tile.data() + i * w.n_in);
     const Map wm(tile.data(), m, w.n_in);
     OutMap ym(y + r.begin(), n, m, Eigen::OuterStride<>(w.n_out));
     ym.noalias() = xm * wm.transpose();
@@ -309,18 +343,18 @@ void matmul_f32(const Matrix& w, const float* x, int64_t n, float* y) {
 //
 // Let u = 2^-24 (f32 rounding) and gamma(m) = m u / (1 - m u). Every path computes each output as a sum of terms,
 // each term a product of exact values rounded at most twice before it is added:
-//   int8:  scale[g] d[b] I   (I an int32 partial sum of code * q, exact in f32 since |I| < 32 * 255 * 127 < 2^24;
-//                             scale[g] d[b] rounded once, the product once, then added by an FMA)
-//          offset[g] s[g]    (s[g] = d[b] * sum q rounded once, the product once inside the FMA)
+//   int8:  scale[g] d[b] I   (I the group's int32 sum of code * q, plus c times its sum of q where linear.hpp's
+//                             order folds the offset into it: the signed codes' sum; exact in f32 since |I| <
+//                             32 * 255 * 127 < 2^24; scale[g] d[b] rounded once, the product once inside the FMA)
+//          offset[g] s[g]    (not folded: s[g] = d[b] * sum q rounded once, the product once inside the FMA)
 //   float: w[k] x[k]         (exact inputs; the product rounded at most once inside the FMA)
-// and the terms are added in some order (lanes, then the lanes together) with at most m additions on any path
-// from a term to the result. While no result falls below 2^-126 (f32's smallest normal), every rounding is
-// fl(v) = v (1 + delta), |delta| <= u, and the classic bound for such a sum of perturbed terms t_j (Higham,
-// Accuracy and Stability of Numerical Algorithms, 3.1 and 4.2) is
+// and the terms are added in one order (linear.hpp; lanes, then the lanes together, for the float types) with at
+// most m additions on any path from a term to the result. While no result falls below 2^-126 (f32's smallest
+// normal), every rounding is fl(v) = v (1 + delta), |delta| <= u, and the classic bound for such a sum of
+// perturbed terms t_j (Higham, Accuracy and Stability of Numerical Algorithms, 3.1 and 4.2) is
 //   |fast - exact| <= gamma(m + 2) * sum |t_j|,
-// with m <= 2 * (n_in / 16) + 16 for the int8 paths (at most two terms per group of 16, lanes reduced in <= 16
-// steps) and m <= n_in + 16 for the float paths. Where partial integer sums are split across lanes, |t_j| is
-// bounded by scale d sum |code * q| over the group.
+// with m <= 2 * (n_in / 16) + 16 for the int8 paths (at most two terms per group of 16) and m <= n_in + 16 for the
+// float paths. A folded term is at most |scale d| sum |code * q| + |offset s| over its group.
 //
 // Underflow. Below 2^-126 f32 has subnormals spaced 2^-149 apart, and a product or an FMA whose exact result
 // lies there is rounded with an absolute error of up to eta = 2^-150 instead of a relative one:
@@ -332,10 +366,9 @@ void matmul_f32(const Matrix& w, const float* x, int64_t n, float* y) {
 // (1 + u)^m < 2, so every place a product can underflow adds 2 eta = 2^-149 times what multiplies its error
 // afterwards:
 //   float: one product or FMA per term:                                        n_in * 2^-149
-//   int8:  per group, scale d (times the partial sums of code * q it scales: at most sum |code * q|), s (times
-//          |offset|), and the products and FMAs that add the group (one per lane it covers, at most G / 4, and
-//          one for the offset, together fewer than G):        (sum over groups of sum |code * q| + |offset|
-//                                                              + G) * 2^-149
+//   int8:  per group, scale d (times the sum it scales: at most sum |code * q| + |c| sum |q|), s (times
+//          |offset|), and the FMAs that add the group (at most two, fewer than G):
+//                                          (sum over groups of sum |code * q| + |c| sum |q| + |offset| + G) * 2^-149
 // vdpbf16ps (BF16 weights on the avx512-vnni path with AVX512_BF16) has no subnormals at all: it reads subnormal
 // inputs as zero (losing |w x| < 2^-126 |x| for a subnormal w, < 2^-126 |w| for a subnormal x) and flushes each
 // FMA result below 2^-126 to zero (losing < 2^-126, one FMA per term), so instead of the above it adds
@@ -376,13 +409,14 @@ void reference_int8(const Matrix& w, const Input& x, std::vector<double>& y, std
   std::vector<float> wr(static_cast<size_t>(K));
   const Input::Int8 f = x.int8_natural();
   const int64_t G = gguf::code_group_size(w.type), n_groups = K / G;
+  const double fold = std::fabs(double(detail::offset_codes(w.type)));
   std::vector<uint8_t> code(static_cast<size_t>(K));
   std::vector<float> sc(static_cast<size_t>(n_groups)), off(static_cast<size_t>(n_groups));
   const double g = gamma(double(2 * (K / 16) + 16) + 2);
+  std::vector<uint8_t> blocks(static_cast<size_t>(w.row_bytes));
   for (int64_t i = 0; i < w.n_out; ++i) {
-    const uint8_t* row = w.data + uint64_t(i) * w.row_bytes;
     w.row(i, wr.data());
-    gguf::decode_codes(w.type, row, K, code.data(), sc.data(), off.data());
+    gguf::decode_codes(w.type, w.row_blocks(i, blocks.data()), K, code.data(), sc.data(), off.data());
     for (int64_t r = 0; r < n; ++r) {
       const int8_t* q = f.q.data() + r * K;
       const float* d = f.d.data() + r * K / 32;
@@ -390,10 +424,13 @@ void reference_int8(const Matrix& w, const Input& x, std::vector<double>& y, std
       double sum = 0, mag = 0, under = 0;
       for (int64_t k = 0; k < K; ++k) sum += double(wr[k]) * double(d[k / 32]) * double(q[k]);
       for (int64_t gi = 0; gi < n_groups; ++gi) {
-        double cq = 0;
-        for (int64_t k = gi * G; k < (gi + 1) * G; ++k) cq += std::fabs(double(code[k]) * double(q[k]));
+        double cq = 0, qa = 0;
+        for (int64_t k = gi * G; k < (gi + 1) * G; ++k) {
+          cq += std::fabs(double(code[k]) * double(q[k]));
+          qa += std::fabs(double(q[k]));
+        }
         mag += std::fabs(double(sc[gi]) * double(d[gi * G / 32])) * cq + std::fabs(double(off[gi]) * double(s[gi]));
-        under += cq + std::fabs(double(off[gi])) + double(G);
+        under += cq + fold * qa + std::fabs(double(off[gi])) + double(G);
       }
       y[r * w.n_out + i] = sum;
       // The dequantized weights wr are f32 roundings of scale * code + offset (quant.hpp): within u |w| of it

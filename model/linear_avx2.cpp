@@ -3,7 +3,7 @@
 #include "model/linear_kernels.hpp"  // cascade/simd.hpp first
 
 #include <cstring>
-#include <numeric>
+#include <utility>
 #include <vector>
 
 #include "model/quant.hpp"

@@ -1,11 +1,7 @@
-// The avx512-vnni tier of the linear kernels (linear_kernels.hpp), its entry points: vpdpbusd on 16 lanes by lanes
-// of K (tile_q4, tile_q4k, tile_q6k, tile_k on 64-code chunks) and for more than 8 rows of X, and for 4 to 8 rows
-// on 8 lanes of X whose halves take two units of 4 codes each (tile_x8h); F16C; vdpbf16ps for BF16 weights where
-// the CPU has AVX512_BF16.
-#include "model/linear_avx512_k.hpp"
-#include "model/linear_avx512_x.hpp"
-
-#include <type_traits>
+// The avx512-vnni tier of the linear kernels (linear_kernels.hpp), its entry points: vpdpbusd on 16 output rows
+// per vector (linear_block16.inc), rows of X 16 at a time on AMX tiles where the process may run them
+// (linear_amx.hpp); F16C; vdpbf16ps for BF16 weights where the CPU has AVX512_BF16.
+#include "model/linear_amx.hpp"
 
 #if CASCADE_X86
 CASCADE_LINEAR_TARGET_AVX512_VNNI_BEGIN
@@ -29,25 +25,21 @@ struct Bf16Dot {
   }
 };
 
-// The tile of weight type T by lanes of K: 4 weight rows on 512-bit vectors.
-template <TensorType T>
-using TileByK = std::conditional_t<
-    T == TensorType::Q4_0 || T == TensorType::Q4_1, TileQ4<Codes64<T>, 4>,
-    std::conditional_t<T == TensorType::Q4_K || T == TensorType::Q5_K, TileQ4K<T, 4>,
-                       std::conditional_t<T == TensorType::Q6_K, TileQ6K<4>, TileK<V512, Dot, Codes64<T>, 4>>>>;
+// Rows of X a tile of the vector kernel: eight rows' two chains and sums take 24 of the 32 registers.
+inline constexpr int kTileRows = 8;
 
 }  // namespace
-
-// 1-3 rows of X by lanes of K, 4-8 on 8 lanes of X (tile_x8h), more on 16.
-int int8_lanes(int64_t n) { return n <= 3 ? 0 : n <= 8 ? 8 : 16; }
 
 void quantize(const float* x, int64_t n, int64_t n_in, Int8Form& f) { quantize_rows(x, n, n_in, f); }
 
 template <TensorType T>
-void rows_int8(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, int64_t t0, int64_t t1, float* y) {
-  if (x.lanes == 0) rows_by_k<TileByK<T>>(w, x, i0, i1, t0, t1, y);
-  else if (x.lanes == 8) rows_by_x<TileX8h<T>>(w, x, i0, i1, t0, t1, y);
-  else rows_by_x<TileX16<T>>(w, x, i0, i1, t0, t1, y);
+void rows_int8(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, int64_t t0, int64_t t1, float* y,
+               Tiles tiles) {
+#if defined(__x86_64__)
+  if (tiles == Tiles::amx) return rows_amx<AmxTiles, T, kTileRows>(w, x, i0, i1, t0, t1, y);
+#endif
+  if (tiles == Tiles::amx_emulated) return rows_amx<AmxEmulated, T, kTileRows>(w, x, i0, i1, t0, t1, y);
+  rows_block16<V512, Dot, T, false, kTileRows>(w, x, i0, i1, t0, t1, y);
 }
 
 template <TensorType T>

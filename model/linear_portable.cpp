@@ -1,8 +1,10 @@
 // The portable tier of the linear kernels (linear_kernels.hpp): plain C++ on any CPU. Weights are decoded row by row
-// with quant.hpp's own decoders, then multiplied group by group in int32 (quantized types) or f32 (F32, F16, BF16).
+// with quant.hpp's own decoders (either layout, through Matrix::row_blocks), then multiplied group by group in
+// int32 and added in linear.hpp's order with std::fma (quantized types), or in f32 (F32, F16, BF16).
 #include "model/linear_kernels.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "model/quant.hpp"
@@ -32,41 +34,57 @@ float dot_f32(const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
-int int8_lanes(int64_t) { return 0; }
-
 void quantize(const float* x, int64_t n, int64_t n_in, Int8Form& f) {
+  const int64_t nb = n_in / 32;
   f.n = n;
   f.n_in = n_in;
-  f.n_pad = n;
   f.q.resize(size_t(n * n_in));
-  f.d.resize(size_t(n * n_in / 32));
-  f.s16.resize(size_t(n * n_in / 16));
-  f.s32.resize(size_t(n * n_in / 32));
+  f.d.resize(size_t(n * nb));
+  f.s16.resize(size_t(n * nb * 2));
+  f.s32.resize(size_t(n * nb));
+  f.qs16.resize(size_t(n * nb * 2));
+  f.qs32.resize(size_t(n * nb));
   for (int64_t r = 0; r < n; ++r)
-    quantize_row(x + r * n_in, n_in, f.q.data() + r * n_in, f.d.data() + r * n_in / 32, f.s16.data() + r * n_in / 16,
-                 f.s32.data() + r * n_in / 32);
+    quantize_row(x + r * n_in, n_in, f.q.data() + r * n_in, f.d.data() + r * nb, f.s16.data() + r * 2 * nb,
+                 f.s32.data() + r * nb);
+  for (int64_t h = 0; h < 2 * n * nb; ++h) {
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j) s += f.q[size_t(16 * h + j)];
+    f.qs16[size_t(h)] = s;
+  }
+  for (int64_t b = 0; b < n * nb; ++b) f.qs32[size_t(b)] = f.qs16[size_t(2 * b)] + f.qs16[size_t(2 * b + 1)];
+  f.made = true;
 }
 
-// The weight type comes from w (quant.hpp's decoders dispatch on it); T only names the instantiation.
+// The weight type comes from w (quant.hpp's decoders dispatch on it); T only names the instantiation and the
+// offsets folded into the integer sums (linear_kernels.hpp: offset_codes).
 template <gguf::TensorType T>
-void rows_int8(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, int64_t t0, int64_t t1, float* y) {
+void rows_int8(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, int64_t t0, int64_t t1, float* y, Tiles) {
+  constexpr int32_t kFold = offset_codes(T);
   const int64_t K = w.n_in, G = gguf::code_group_size(w.type), n_groups = K / G;
-  thread_local std::vector<uint8_t> code;
+  thread_local std::vector<uint8_t> code, blocks;
   thread_local std::vector<float> sc, off;
   code.resize(size_t(K));
+  blocks.resize(size_t(w.row_bytes));
   sc.resize(size_t(n_groups));
   off.resize(size_t(n_groups));
   for (int64_t i = i0; i < i1; ++i) {
-    gguf::decode_codes(w.type, w.data + uint64_t(i) * w.row_bytes, K, code.data(), sc.data(), off.data());
+    gguf::decode_codes(w.type, w.row_blocks(i, blocks.data()), K, code.data(), sc.data(), off.data());
     for (int64_t t = t0; t < t1; ++t) {
       const int8_t* q = x.q.data() + t * K;
       const float* d = x.d.data() + t * K / 32;
       const float* s = G == 16 ? x.s16.data() + t * K / 16 : x.s32.data() + t * K / 32;
+      const int32_t* qs = G == 16 ? x.qs16.data() + t * K / 16 : x.qs32.data() + t * K / 32;
       float acc = 0;
       for (int64_t g = 0; g < n_groups; ++g) {
         const int32_t I = dot_codes(code.data() + g * G, q + g * G, G);
-        acc += static_cast<float>(I) * (sc[g] * d[g * G / 32]);
-        acc += off[g] * s[g];
+        const float c = sc[g] * d[g * G / 32];
+        if (kFold != 0) {
+          acc = std::fma(static_cast<float>(I + kFold * qs[g]), c, acc);
+        } else {
+          acc = std::fma(static_cast<float>(I), c, acc);
+          acc = std::fma(off[g], s[g], acc);
+        }
       }
       y[t * w.n_out + i] = acc;
     }

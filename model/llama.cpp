@@ -31,6 +31,20 @@ std::string shape_str(const std::vector<int64_t>& ne) {
   return s + "]";
 }
 
+// Every matrix of w that the linear layers multiply (the tied embeddings too, which the lm_head multiplies).
+std::vector<Linear*> matrices(Weights& w) {
+  std::vector<Linear*> all = {&w.output};
+  if (w.tied) all.push_back(&w.tok_embd);
+  for (Layer& l : w.layers)
+    for (Linear* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) all.push_back(m);
+  return all;
+}
+
+// Whether linear::pack takes m: a quantized matrix still in the file's row layout.
+bool packable(const Linear& m) {
+  return m.data != nullptr && m.layout == linear::Layout::rows && linear::can_pack(m.type);
+}
+
 // Matrices the loader rewrote in another type (Q5_0 widened to Q8_0): each buffer stays where it is while the
 // list lives.
 using Widened = std::list<std::vector<uint8_t>>;
@@ -78,6 +92,17 @@ class Tensors {
   }
   // The buffers of the widened matrices, which the model keeps.
   std::shared_ptr<const Widened> widened() const { return widened_; }
+  // Packs each widened matrix of `all` (linear::pack) into a buffer of its own in place of its widened one.
+  void pack_widened(const std::vector<Linear*>& all) {
+    for (Linear* m : all)
+      for (auto it = widened_->begin(); it != widened_->end(); ++it) {
+        if (m->data != it->data() || !packable(*m)) continue;
+        std::vector<uint8_t>& packed = widened_->emplace_back(size_t(m->bytes()));
+        *m = linear::pack(*m, packed.data());
+        widened_->erase(it);
+        break;
+      }
+  }
   // Every tensor of the file was taken.
   void check_all_used() const {
     for (const gguf::TensorInfo& t : f_.tensors())
@@ -163,6 +188,26 @@ Layer load_layer(Tensors& ts, const Hparams& hp, int64_t il) {
   }
   if (a == Arch::gemma3) l.ffn_post_norm = ts.vector(p + "post_ffw_norm.weight", d);
   return l;
+}
+
+// The quantized matrices of w viewed in the file packed in blocks of 16 rows (linear::pack), each read from the
+// file's bytes at src + its offset from base and written to dst + that offset (src: the file's first tensor; base
+// and dst: where the model's matrices view their bytes and where the packed ones go, dst covering every tensor's
+// offset from the first one's). Matrices packed already (the widened ones, Tensors::pack_widened) are left. The
+// file's pages of a packed matrix are dropped: nothing reads them again. Returns the packed matrices' offsets.
+std::vector<int64_t> pack_weights(Weights& w, const gguf::File& f, const uint8_t* base, uint8_t* dst) {
+  const uint8_t* src = f.tensor_data(f.tensors().front());
+  std::vector<int64_t> offsets;
+  for (Linear* m : matrices(w)) {
+    if (!packable(*m)) continue;
+    const int64_t off = m->data - base;
+    Linear from = *m;
+    from.data = src + off;
+    *m = linear::pack(from, dst + off);
+    f.drop_pages(from.data, from.bytes());
+    offsets.push_back(off);
+  }
+  return offsets;
 }
 
 // y = x / sqrt(mean(x^2) + eps) * w, for each of n rows of d values. y may be x.
@@ -360,6 +405,7 @@ Model Model::load_from(const gguf::File& f, const uint8_t* base, LinearPath path
   // instead of allocating every layer up front.
   for (int64_t il = 0; il < hp.n_layer; ++il) w.layers.push_back(load_layer(ts, hp, il));
   ts.check_all_used();
+  if (path == LinearPath::quantized) ts.pack_widened(matrices(w));
   m.widened_ = ts.widened();
   m.set_context_length(hp.n_ctx_train);
   return m;
@@ -384,11 +430,13 @@ Model Model::load(const gguf::File& f, LinearPath path) {
     lo = std::min<uint64_t>(lo, t.offset);
     hi = std::max<uint64_t>(hi, t.offset + t.n_bytes);
   }
-  // Copy [lo, hi) of the data section; base is where the first tensor lands in the copy.
+  // Copy [lo, hi) of the data section; base is where the first tensor lands in the copy. The quantized matrices
+  // are packed over their copies (from the file's bytes).
   const uint8_t* data = first - f.tensors().front().offset;
   auto copy = std::make_shared<std::vector<uint8_t>>(data + lo, data + hi);
-  const uint8_t* base = copy->data() + (f.tensors().front().offset - lo);
+  uint8_t* base = copy->data() + (f.tensors().front().offset - lo);
   Model m = load_from(f, base, path);
+  if (path == LinearPath::quantized) pack_weights(m.w_, f, base, base);
   m.bytes_ = copy;
   return m;
 }
@@ -396,10 +444,32 @@ Model Model::load(const gguf::File& f, LinearPath path) {
 Model Model::load(std::shared_ptr<const gguf::File> file, LinearPath path) {
   CASCADE_CHECK(file != nullptr, "Model::load: no file");
   CASCADE_CHECK(!file->tensors().empty(), file->name(), ": the file holds no tensors");
-  Model m = load_from(*file, file->tensor_data(file->tensors().front()), path);
-  // Touch every page of the tensors once, so the first forward pass does not take the page faults.
+  const uint8_t* first = file->tensor_data(file->tensors().front());
+  Model m = load_from(*file, first, path);
+  // The quantized matrices packed into memory of the model's own, at the offsets they have in the file (only
+  // those pages are ever written); the rest are read in place.
+  struct Bytes {
+    std::shared_ptr<const gguf::File> file;
+    std::unique_ptr<uint8_t[]> packed;
+  };
+  auto bytes = std::make_shared<Bytes>();
+  std::vector<int64_t> packed;
+  if (path == LinearPath::quantized) {
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (const gguf::TensorInfo& t : file->tensors()) {
+      lo = std::min<uint64_t>(lo, t.offset);
+      hi = std::max<uint64_t>(hi, t.offset + t.n_bytes);
+    }
+    bytes->packed.reset(new uint8_t[hi - lo]);  // not touched: no pages yet
+    packed = pack_weights(m.w_, *file, first, bytes->packed.get() + (file->tensors().front().offset - lo));
+  }
+  // Touch every page of the tensors read in place once, so the first forward pass does not take the page faults.
+  const auto in_place = [&](const gguf::TensorInfo& t) {
+    return std::find(packed.begin(), packed.end(), file->tensor_data(t) - first) == packed.end();
+  };
   std::vector<const gguf::TensorInfo*> ts;
-  for (const gguf::TensorInfo& t : file->tensors()) ts.push_back(&t);
+  for (const gguf::TensorInfo& t : file->tensors())
+    if (in_place(t)) ts.push_back(&t);
   tbb::parallel_for(size_t(0), ts.size(), [&](size_t i) {
     const uint8_t* p = file->tensor_data(*ts[i]);
     uint8_t sum = 0;
@@ -407,7 +477,8 @@ Model Model::load(std::shared_ptr<const gguf::File> file, LinearPath path) {
     volatile uint8_t sink = sum;
     (void)sink;
   });
-  m.bytes_ = std::move(file);
+  bytes->file = std::move(file);
+  m.bytes_ = std::move(bytes);
   return m;
 }
 

@@ -25,9 +25,11 @@
 // tensor's bytes, (n_out, n_in) row-major as GGUF stores it, so y = W x is a dot of each row with x; a step's
 // tokens are stacked into a matrix and multiplied at once, Y (n_tokens, n_out) = X (n_tokens, n_in) W^T
 // (linear.hpp: activations quantized once per layer input, integer dot products). A fused matrix (phi3's QKV,
-// gate-and-up) is viewed as its row blocks, one Matrix each. Norm vectors and biases are copied, as f32. The
-// model keeps the bytes alive: the memory-mapped file itself (load of a shared File), or one copy of the tensors
-// (load of a File the caller keeps).
+// gate-and-up) is viewed as its row blocks, one Matrix each. On the quantized path the quantized matrices are
+// packed in blocks of 16 rows when the model loads (linear::pack: the same bytes, laid out for the products).
+// Norm vectors and biases are copied, as f32. The model keeps the bytes alive: the memory-mapped file itself and
+// its packed matrices (load of a shared File, whose pages of the packed ones it drops), or one copy of the
+// tensors (load of a File the caller keeps).
 //
 // The forward pass (per step, all rows of the step together):
 //   x = token_embd[token] * embd_scale                          (n, n_embd)

@@ -325,7 +325,7 @@ TEST_CASE("generate: --seed reproduces the text, other seeds give other text, --
   CHECK(texts(a.out) != texts(c.out));
   for (const char* key : {"\"sequences\":[", "\"text\":", "\"tokens\":[", "\"step_ms\":[", "\"prompt_ms\":",
                           "\"decode_tokens_per_s\":", "\"attn\":\"cascade\"", "\"attn_share\":", "\"n_prompt_tokens\":",
-                          "\"linear_path\":\"", "\"model_bytes\":", "\"rss_after_load_bytes\":"})
+                          "\"linear_path\":\"", "\"linear_products\":\"", "\"model_bytes\":", "\"rss_after_load_bytes\":"})
     CHECK_MESSAGE(a.out.find(key) != std::string::npos, key);
   // The attention kernels it names are those its plans choose here: SmolLM2's heads of 64 on f16 K/V.
   namespace cpu = cascade::cpu;
@@ -349,7 +349,8 @@ TEST_CASE("generate: --seed reproduces the text, other seeds give other text, --
 #if !defined(__SANITIZE_ADDRESS__)  // AddressSanitizer's shadow memory and quarantine add their own
   CHECK(number("rss_after_load_bytes") <= 1.4 * gguf_bytes);
 #endif
-  CHECK(a.err.find(std::string("linear layers ") + linear::path_name(linear::active_path())) != std::string::npos);
+  CHECK(a.err.find(std::string("linear layers ") + linear::path_name(linear::active_path()) + " (products " +
+                   linear::products_name(linear::active_path()) + ")") != std::string::npos);
 }
 
 TEST_CASE("generate: --json escapes bytes that are not valid UTF-8 as \\ufffd") {

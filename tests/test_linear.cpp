@@ -89,9 +89,34 @@ std::vector<float> random_input(int64_t n, int64_t n_in, std::mt19937& rng) {
   return x;
 }
 
-void check_product(Path path, TensorType t, int64_t n, int64_t n_in, int64_t n_out, std::mt19937& rng) {
+// The tile paths rows_int8 can take on `path` here: vectors; on the avx512-vnni path the AMX driver with its
+// products in plain C++, and on tiles where this process may run them.
+std::vector<linear::detail::Tiles> tile_paths(Path path) {
+  using linear::detail::Tiles;
+  std::vector<Tiles> t = {Tiles::vectors};
+  if (path == Path::avx512_vnni) t.push_back(Tiles::amx_emulated);
+  if (path == Path::avx512_vnni && linear::amx_int8_usable()) t.push_back(Tiles::amx);
+  return t;
+}
+
+// Forces rows_int8's tiles for a scope.
+struct ForceTiles {
+  explicit ForceTiles(linear::detail::Tiles t) { linear::detail::set_tiles(t); }
+  ~ForceTiles() { linear::detail::reset_tiles(); }
+};
+
+// The matrix of m as w's type and shape, packed into `packed` where the type has the rows16 layout and `rows16`.
+linear::Matrix maybe_packed(const linear::Matrix& w, bool rows16, std::vector<uint8_t>& packed) {
+  if (!rows16 || !linear::can_pack(w.type)) return w;
+  packed.assign(w.bytes(), 0xA5);
+  return linear::pack(w, packed.data());
+}
+
+void check_product(Path path, TensorType t, int64_t n, int64_t n_in, int64_t n_out, std::mt19937& rng,
+                   bool rows16 = false) {
   const auto m = random_matrix(t, n_in, n_out, rng, 0.05f);
-  const auto w = linear::Matrix::view(t, m.data(), n_in, n_out);
+  std::vector<uint8_t> packed;
+  const auto w = maybe_packed(linear::Matrix::view(t, m.data(), n_in, n_out), rows16, packed);
   const auto x = random_input(n, n_in, rng);
   const linear::Input in(x.data(), n, n_in);
   std::vector<float> y(size_t(n * n_out), -1e30f);
@@ -128,11 +153,141 @@ TEST_CASE("linear: every path, every type, against the double reference within t
           k_quant ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{32, 96, 512, 576, 1056};
       if (gguf::block_size(t) == 1) ins.push_back(45);
       for (int64_t n_in : ins)
-        // rows of X: by lanes of K (1-3), 8 lanes (4-8), 16 lanes (9+), tails of each; n_out: panel tails, and
-        // (33) more panels than one kernel call takes
+        // rows of X: one tile of the vector kernel (1-8 on 512-bit vectors, 1-3 on 256-bit ones) and several, with
+        // tails; n_out: a block of 16 and its tail, and (33) more blocks than one kernel call takes; the rows and the
+        // rows16 layout (then 136 rows: 8 packed blocks and 8 rows as stored)
         for (int64_t n : {1, 2, 3, 4, 7, 8, 9, 16, 17, 33, 40})
-          check_product(path, t, n, n_in, n == 9 ? 1 : n == 33 ? 136 : n % 2 ? 13 : 24, rng);
+          for (bool rows16 : {false, true})
+            check_product(path, t, n, n_in, n == 9 ? 1 : n == 33 ? 136 : n % 2 ? 13 : 24, rng, rows16);
     }
+}
+
+TEST_CASE("linear: rows of X on AMX tiles (or their products in plain C++) against the double reference") {
+  std::mt19937 rng(2025);
+  for (Path path : runnable_paths())
+    for (linear::detail::Tiles tiles : tile_paths(path)) {
+      if (tiles == linear::detail::Tiles::vectors) continue;
+      const ForceTiles force(tiles);
+      for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q5_K,
+                           TensorType::Q6_K}) {
+        CAPTURE(gguf::type_name(t));
+        CAPTURE(int(tiles));
+        const int64_t n_in = gguf::block_size(t) == 256 ? 512 : 96;
+        // 16 and 32 rows of X: whole tiles; 21: a tile and 5 rows on vectors; 40 rows of Y: two blocks and a tail
+        for (int64_t n : {16, 21, 32})
+          for (bool rows16 : {false, true}) check_product(path, t, n, n_in, 40, rng, rows16);
+      }
+    }
+}
+
+TEST_CASE("linear: the rows16 layout holds the file's bytes, row by row, and its products are the rows layout's") {
+  std::mt19937 rng(3);
+  for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q5_K,
+                       TensorType::Q6_K}) {
+    CAPTURE(gguf::type_name(t));
+    const int64_t n_in = 2 * gguf::block_size(t) * (gguf::block_size(t) == 256 ? 1 : 3), n_out = 37;
+    const auto m = random_matrix(t, n_in, n_out, rng, 0.05f);
+    const auto w = linear::Matrix::view(t, m.data(), n_in, n_out);
+    std::vector<uint8_t> packed(w.bytes());
+    const auto p = linear::pack(w, packed.data());
+    CHECK(p.layout == linear::Layout::rows16);
+    CHECK(p.bytes() == w.bytes());
+    CHECK(std::memcmp(packed.data(), m.data(), m.size()) != 0);  // the blocks of 16 moved
+    std::vector<uint8_t> scratch(w.row_bytes);
+    int differ = 0;
+    std::vector<float> a(static_cast<size_t>(n_in)), b(static_cast<size_t>(n_in));
+    for (int64_t i = 0; i < n_out; ++i) {
+      differ += std::memcmp(p.row_blocks(i, scratch.data()), m.data() + i * w.row_bytes, w.row_bytes) != 0;
+      w.row(i, a.data());
+      p.row(i, b.data());
+      differ += std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0;
+    }
+    CHECK(differ == 0);
+    for (Path path : runnable_paths()) {
+      CAPTURE(linear::path_name(path));
+      for (int64_t n : {1, 6, 20}) {
+        const auto x = random_input(n, n_in, rng);
+        const linear::Input in(x.data(), n, n_in);
+        std::vector<float> y0(size_t(n * n_out)), y1(y0.size());
+        linear::matmul(w, in, y0.data(), path);
+        linear::matmul(p, in, y1.data(), path);
+        CHECK(std::memcmp(y0.data(), y1.data(), y0.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+  // float types are not packed; a packed matrix is not packed again
+  std::vector<uint8_t> m(4 * 32 * 16), out(m.size());
+  const auto f = linear::Matrix::view(TensorType::F32, m.data(), 32, 16);
+  CHECK_THROWS_WITH_AS(linear::pack(f, out.data()), doctest::Contains("f32 is not packed"), Error);
+  std::vector<uint8_t> q(18 * 16), q2(q.size()), q3(q.size());
+  const auto p = linear::pack(linear::Matrix::view(TensorType::Q4_0, q.data(), 32, 16), q2.data());
+  CHECK_THROWS_WITH_AS(linear::pack(p, q3.data()), doctest::Contains("packed already"), Error);
+}
+
+namespace {
+
+// The rows of a batch of n rows of x (n_max rows, n_in values each) from row (7 n) mod (n_max - n + 1), so that
+// batches start at different rows.
+int64_t batch_start(int64_t n, int64_t n_max) { return (n * 7) % (n_max - n + 1); }
+
+// How many of the batches of sizes `ns` give some row other bits than `alone` (n_max rows of Y, each of that row
+// of x by itself) on `path` with tiles `tiles`, on one thread and on two.
+int batches_that_differ(const linear::Matrix& w, const std::vector<float>& x, const std::vector<float>& alone,
+                        const std::vector<int64_t>& ns, int64_t n_max, Path path) {
+  int differ = 0;
+  for (int64_t n : ns) {
+    const int64_t r0 = batch_start(n, n_max);
+    const linear::Input in(x.data() + r0 * w.n_in, n, w.n_in);
+    for (int threads : {1, 2}) {
+      std::vector<float> y(size_t(n * w.n_out), -1.0f);
+      tbb::task_arena arena(threads);
+      arena.execute([&] { linear::matmul(w, in, y.data(), path); });
+      const bool same = std::memcmp(y.data(), alone.data() + r0 * w.n_out, y.size() * sizeof(float)) == 0;
+      if (!same && differ < 3) MESSAGE("batch of " << n << " rows from row " << r0 << ", " << threads << " thread(s)");
+      differ += !same;
+    }
+  }
+  return differ;
+}
+
+}  // namespace
+
+// linear.hpp's rule: one order over K for every output, so a row of X gives the same bits alone as in a batch of
+// any size (1 to 40, and 300: rows of X in two blocks, linear.cpp), at any place in it, on either layout, through
+// every tile path of a tier, on one thread or two, and (quantized weights) on every tier. n_in 1536: 48 blocks of
+// 32, 6 of 256; n_out 40: two blocks of 16 and a tail of 8 (packed on the fly).
+TEST_CASE("linear: a row's output is the same bits alone, in batches of 1 to 40 and 300, on every tile path and tier") {
+  std::mt19937 rng(99);
+  const int64_t n_max = 300, n_in = 1536, n_out = 40;
+  std::vector<int64_t> ns;
+  for (int64_t n = 1; n <= 40; ++n) ns.push_back(n);
+  ns.push_back(n_max);
+  for (TensorType t : kTypes) {
+    CAPTURE(gguf::type_name(t));
+    const auto m = random_matrix(t, n_in, n_out, rng, 0.05f);
+    const auto w = linear::Matrix::view(t, m.data(), n_in, n_out);
+    std::vector<uint8_t> packed;
+    const auto p = maybe_packed(w, true, packed);
+    const auto x = random_input(n_max, n_in, rng);
+    const bool quantized = linear::can_pack(t);
+    std::vector<float> first;  // row by row, alone, on the first path: what every other run must give
+    for (Path path : runnable_paths()) {
+      CAPTURE(linear::path_name(path));
+      std::vector<float> alone(size_t(n_max * n_out));
+      for (int64_t r = 0; r < n_max; ++r) {
+        const linear::Input in(x.data() + r * n_in, 1, n_in);
+        linear::matmul(w, in, alone.data() + r * n_out, path);
+      }
+      if (first.empty() || !quantized) first = alone;
+      CHECK(std::memcmp(first.data(), alone.data(), first.size() * sizeof(float)) == 0);
+      for (linear::detail::Tiles tiles : tile_paths(path)) {
+        CAPTURE(int(tiles));
+        const ForceTiles force(tiles);
+        CHECK(batches_that_differ(w, x, alone, ns, n_max, path) == 0);
+        CHECK(batches_that_differ(p, x, alone, ns, n_max, path) == 0);
+      }
+    }
+  }
 }
 
 TEST_CASE("linear: a larger product, rows of X in several blocks, the default path") {
@@ -144,13 +299,12 @@ TEST_CASE("linear: a larger product, rows of X in several blocks, the default pa
   }
 }
 
-TEST_CASE("linear: rows of Y that fall in one cache set (staged writes), one thread and several") {
+TEST_CASE("linear: rows of Y that fall in one cache set, one thread and several") {
   std::mt19937 rng(13);
   const auto run = [&] {
     for (Path path : runnable_paths())
       for (TensorType t : {TensorType::Q4_0, TensorType::Q8_0, TensorType::Q5_K})
-        // n_out 1024: rows of Y 4 KiB apart, which the kernels write through a staging buffer for more than 8
-        // rows of X (20 here); 600: straight
+        // n_out 1024: rows of Y 4 KiB apart, in one set of the L1 cache; 600: not
         for (int64_t n_out : {600, 1024})
           for (int64_t n : {2, 5, 20}) {
             CAPTURE(linear::path_name(path));
@@ -206,7 +360,7 @@ TEST_CASE("linear: matmul_group gives every product the reference's numbers, bit
                        doctest::Contains("input rows of 256 values for a matrix of 32 columns"), cascade::Error);
 }
 
-TEST_CASE("linear: every path quantizes activations to the reference's numbers, in both layouts") {
+TEST_CASE("linear: every path quantizes activations to the reference's numbers") {
   std::mt19937 rng(11);
   for (int64_t n : {1, 5, 20}) {
     const int64_t n_in = 96;
@@ -214,34 +368,23 @@ TEST_CASE("linear: every path quantizes activations to the reference's numbers, 
     const linear::Input in(x.data(), n, n_in);
     const linear::Input::Int8 ref = in.int8_natural();
     for (Path path : runnable_paths()) {
-      for (int lanes : {0, 8, 16}) {
-        if (path == Path::portable && lanes) continue;
-        CAPTURE(linear::path_name(path));
-        CAPTURE(lanes);
-        linear::detail::Int8Form f;
-        linear::detail::quantize(path, x.data(), n, n_in, lanes, f);
-        const int64_t np = f.n_pad, nb = n_in / 32;
-        CHECK(np >= n);
-        bool same = true;
-        for (int64_t r = 0; r < n; ++r) {
-          for (int64_t c = 0; c < n_in; ++c) {
-            const int8_t got = lanes ? f.q[size_t(((c / 4) * np + r) * 4 + c % 4)] : f.q[size_t(r * n_in + c)];
-            same = same && got == ref.q[size_t(r * n_in + c)];
-          }
-          for (int64_t b = 0; b < nb; ++b) {
-            const float d = lanes ? f.d[size_t(b * np + r)] : f.d[size_t(r * nb + b)];
-            const float s32 = lanes ? f.s32[size_t(b * np + r)] : f.s32[size_t(r * nb + b)];
-            same = same && d == ref.d[size_t(r * nb + b)] && s32 == ref.s32[size_t(r * nb + b)];
-            for (int h = 0; h < 2; ++h) {
-              const float s16 = lanes ? f.s16[size_t((2 * b + h) * np + r)] : f.s16[size_t(r * 2 * nb + 2 * b + h)];
-              same = same && s16 == ref.s16[size_t(r * 2 * nb + 2 * b + h)];
-            }
-          }
+      CAPTURE(linear::path_name(path));
+      linear::detail::Int8Form f;
+      linear::detail::quantize(path, x.data(), n, n_in, f);
+      const int64_t nb = n_in / 32;
+      bool same = f.made;
+      for (int64_t r = 0; r < n; ++r) {
+        for (int64_t c = 0; c < n_in; ++c) same = same && f.q[size_t(r * n_in + c)] == ref.q[size_t(r * n_in + c)];
+        for (int64_t b = 0; b < nb; ++b) {
+          const size_t at = size_t(r * nb + b);
+          int32_t qs[2] = {0, 0};
+          for (int j = 0; j < 32; ++j) qs[j / 16] += ref.q[size_t(r * n_in + 32 * b + j)];
+          same = same && f.d[at] == ref.d[at] && f.s32[at] == ref.s32[at] && f.qs32[at] == qs[0] + qs[1];
+          for (int h = 0; h < 2; ++h)
+            same = same && f.s16[2 * at + h] == ref.s16[2 * at + h] && f.qs16[2 * at + h] == qs[h];
         }
-        CHECK(same);
-        // padding rows are zero
-        for (int64_t r = n; r < np; ++r) CHECK(f.d[size_t(r)] == 0.0f);
       }
+      CHECK(same);
     }
   }
   // the definition itself: d = max|x| / 127, codes within [-127, 127], ties to even
@@ -308,20 +451,12 @@ TEST_CASE("linear: activations of any magnitude, tiny blocks included, quantize 
       }
     CHECK(far == 0);
     for (Path path : runnable_paths()) {
-      for (int lanes : {0, 8, 16}) {
-        if (path == Path::portable && lanes) continue;
-        CAPTURE(linear::path_name(path));
-        CAPTURE(lanes);
-        linear::detail::Int8Form f;
-        linear::detail::quantize(path, x.data(), n, n_in, lanes, f);
-        int differ = 0;
-        for (int64_t r = 0; r < n; ++r)
-          for (int64_t c = 0; c < n_in; ++c) {
-            const int8_t got = lanes ? f.q[size_t(((c / 4) * f.n_pad + r) * 4 + c % 4)] : f.q[size_t(r * n_in + c)];
-            differ += got != ref.q[size_t(r * n_in + c)];
-          }
-        CHECK(differ == 0);
-      }
+      CAPTURE(linear::path_name(path));
+      linear::detail::Int8Form f;
+      linear::detail::quantize(path, x.data(), n, n_in, f);
+      int differ = 0;
+      for (int64_t k = 0; k < n * n_in; ++k) differ += f.q[size_t(k)] != ref.q[size_t(k)];
+      CHECK(differ == 0);
     }
     for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K}) {
       CAPTURE(gguf::type_name(t));

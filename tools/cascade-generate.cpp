@@ -327,6 +327,7 @@ void check_weights_fit(const cascade::gguf::File& file, uint64_t avail) {
 // What the loaded model takes and which instructions its linear layers and attention run on (--json, startup line).
 struct ModelFacts {
   const char* linear_path;
+  std::string linear_products;    // linear::products_name: the path, and "+amx-int8" where AMX tiles take many rows
   std::string attention_kernels;  // "shared: avx512 tiled f32; per-sequence: avx512 few-rows f32"
   uint64_t model_bytes, gguf_bytes, rss_after_load;
 };
@@ -533,8 +534,8 @@ void print_json(const Options& o, const cascade::GenerateResult& r, const std::v
      << ",\"decode_tokens_per_s\":" << json_number(d.tokens_per_s) << ",\"attn_ms\":" << json_number(d.attn_ms)
      << ",\"attn_share\":" << json_number(d.attn_share) << ",\"plan_ms\":" << json_number(d.plan_ms)
      << ",\"plan_share\":" << json_number(d.plan_share) << ",\"kv_tokens\":" << r.kv_tokens
-     << ",\"kv_bytes\":" << r.kv_bytes << ",\"linear_path\":\"" << m.linear_path
-     << "\",\"attention_kernels\":" << json_string(m.attention_kernels) << ",\"model_bytes\":"
+     << ",\"kv_bytes\":" << r.kv_bytes << ",\"linear_path\":\"" << m.linear_path << "\",\"linear_products\":\""
+     << m.linear_products << "\",\"attention_kernels\":" << json_string(m.attention_kernels) << ",\"model_bytes\":"
      << m.model_bytes << ",\"gguf_bytes\":" << m.gguf_bytes << ",\"rss_after_load_bytes\":" << m.rss_after_load
      << ",\"rss_peak_bytes\":" << resident_bytes("VmHWM:") << ",\"tree\":[";
   for (size_t i = 0; i < r.tree.nodes.size(); ++i)
@@ -561,9 +562,10 @@ std::string startup_line(const Options& o, size_t n_prompts, int n_threads, cons
   char head[320];
   std::snprintf(head, sizeof head,
                 "cascade-generate: %zu prompt(s), %d sequence(s) each, -n %d, --attn %s, K/V %s, %d threads, "
-                "linear layers %s, weights %.1f MiB",
+                "linear layers %s (products %s), weights %.1f MiB",
                 n_prompts, o.gen.n_parallel, o.gen.n_predict, cascade::attn_method_name(o.gen.attn),
-                cascade::dtype_name(o.gen.kv_dtype), n_threads, m.linear_path, double(m.model_bytes) / (1 << 20));
+                cascade::dtype_name(o.gen.kv_dtype), n_threads, m.linear_path, m.linear_products.c_str(),
+                double(m.model_bytes) / (1 << 20));
   return std::string(head) + ", attention (" + m.attention_kernels + ")" + profile.describe() + "\n";
 }
 
@@ -619,7 +621,8 @@ int run(int argc, char** argv) {
   const uint64_t avail = available_memory();
   check_weights_fit(*file, avail);
   cascade::llama::Model model = cascade::llama::Model::load(file);
-  const ModelFacts facts{cascade::linear::path_name(cascade::linear::active_path()),
+  const cascade::linear::Path linear_path = cascade::linear::active_path();
+  const ModelFacts facts{cascade::linear::path_name(linear_path), cascade::linear::products_name(linear_path),
                          attention_kernels(int(model.hparams().head_dim), o.gen.kv_dtype), model.weight_bytes(),
                          file->size(), resident_bytes("VmRSS:")};
   const int64_t n_ctx = o.gen.n_ctx > 0 ? o.gen.n_ctx : model.hparams().n_ctx_train;

@@ -171,7 +171,7 @@ inline bool amx_allowed(const KernelOptions& o) {
 //             products outright; q8_0 K/V: the few-rows shape on int8 dot products on the AVX-512 tier of a CPU
 //             with AVX512_VNNI (head dims a multiple of 64) unless o turns them off, the tiled shape on tiles
 //             converted to bf16 where bf16 K/V would take bf16 products (AMX tiles where allowed, else
-//             vdpbf16ps), on codes times scales in f32 elsewhere (measured: docs/study.md §22); f32 everywhere
+//             vdpbf16ps), on codes times scales in f32 elsewhere (measured: docs/study.md §23); f32 everywhere
 //             else.
 inline KernelChoice choose_kernel(KernelShape shape, DType dt, int head_dim, const KernelOptions& o) {
   const Isa isa = std::min(detected_isa(), o.isa_limit);
