@@ -27,9 +27,11 @@ from .step import StepTree, build_step_tree
 # Under vLLM's logger, so that its handlers and VLLM_LOGGING_LEVEL apply.
 logger = logging.getLogger("vllm.cascade_vllm")
 
-# What ran in this process, for tests and logs: steps planned, steps whose tree shares a segment, layer runs
-# through cascade, and layer runs handed to vLLM's kernels.
-stats = {"steps": 0, "shared_steps": 0, "cascade_layer_runs": 0, "fallback_layer_runs": 0, "max_shared": 0}
+# What ran in this process, for tests and logs: steps planned; steps whose tree shares a segment and the most
+# shared segments in one; steps with a prompt chunk (more than one query token) after cached or earlier-computed
+# tokens, and steps mixing prompt chunks with decodes; layer runs through cascade and handed to vLLM's kernels.
+stats = {"steps": 0, "shared_steps": 0, "max_shared": 0, "chunked_prefill_steps": 0, "mixed_steps": 0,
+         "cascade_layer_runs": 0, "fallback_layer_runs": 0}
 _announced: set[str] = set()
 
 
@@ -111,6 +113,9 @@ class CascadeAttentionMetadataBuilder(CPUAttentionMetadataBuilder):
         rows = cm.block_table_tensor[:n_reqs, : max(n_blocks)].tolist()
         tree = build_step_tree(seq_lens, query_lens, rows, self.block_size, self.num_kv_heads)
         stats["steps"] += 1
+        prefills = [q > 1 for q in query_lens]
+        stats["chunked_prefill_steps"] += any(q > 1 and n > q for q, n in zip(query_lens, seq_lens))
+        stats["mixed_steps"] += any(prefills) and not all(prefills)
         if tree.n_shared:
             stats["shared_steps"] += 1
             stats["max_shared"] = max(stats["max_shared"], tree.n_shared)

@@ -24,13 +24,15 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--logprobs", type=int, default=5)
+    ap.add_argument("--max-batched-tokens", type=int, default=4096, help="tokens per step (chunked prefill)")
     args = ap.parse_args()
     from vllm import LLM, SamplingParams
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     prompts = json.load(open(args.prompts))
     llm = LLM(model=args.model, dtype=args.dtype, enforce_eager=True, enable_prefix_caching=True,
-              max_model_len=2048, max_num_seqs=16, seed=0)
+              max_model_len=2048, max_num_seqs=16, seed=0,
+              max_num_batched_tokens=args.max_batched_tokens)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, logprobs=args.logprobs, ignore_eos=True)
     results = []
     for outs in llm.generate(prompts, params, use_tqdm=False):
