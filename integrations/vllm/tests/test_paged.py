@@ -40,15 +40,27 @@ def make_step(rng, block_size, n_blocks_total, prefix_blocks, seq_lens, query_le
     return rows
 
 
+def internal_leaf_step(rng, block_size, n_blocks):
+    """A decode whose last token fills the second shared block, and a chunk going on past both blocks: the first
+    sequence ends where the second one's path goes on."""
+    b = [int(x) for x in rng.permutation(n_blocks)[:3]]
+    return [2 * block_size, 2 * block_size + 30], [1, 40], [[b[0], b[1]], [b[0], b[1], b[2]]], 2
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("block_size", [32, 128])
-def test_paged_step_matches_reference(dtype, block_size):
-    rng = np.random.default_rng(block_size + len(str(dtype)))
+@pytest.mark.parametrize("shape", ["mixed", "internal_leaf"])
+def test_paged_step_matches_reference(dtype, block_size, shape):
+    rng = np.random.default_rng(block_size + len(str(dtype)) + len(shape))
     hq, hk, dim, n_blocks = 9, 3, 64, 64
-    # Decodes sharing a 2-block prefix, a chunked prefill sharing it, a prefill of its own, a short decode.
-    seq_lens = [2 * block_size + 5, 2 * block_size + 40, 3 * block_size + 7, block_size + 3, 9]
-    query_lens = [1, 1, 20, block_size + 3, 1]
-    rows = make_step(rng, block_size, n_blocks, 2, seq_lens, query_lens)
+    if shape == "mixed":
+        # Decodes sharing a 2-block prefix, a chunked prefill sharing it, a prefill of its own, a short decode.
+        seq_lens = [2 * block_size + 5, 2 * block_size + 40, 3 * block_size + 7, block_size + 3, 9]
+        query_lens = [1, 1, 20, block_size + 3, 1]
+        rows = make_step(rng, block_size, n_blocks, 2, seq_lens, query_lens)
+        n_shared = 2
+    else:
+        seq_lens, query_lens, rows, n_shared = internal_leaf_step(rng, block_size, n_blocks)
     kv_cache = torch.full((n_blocks, hk, block_size, 2 * dim), FILL, dtype=dtype)
     ks, vs = [], []
     shared_k = {}
@@ -67,7 +79,7 @@ def test_paged_step_matches_reference(dtype, block_size):
         ks.append(torch.tensor(k).to(dtype).double().numpy())
         vs.append(torch.tensor(v).to(dtype).double().numpy())
     tree = build_step_tree(seq_lens, query_lens, rows, block_size, hk)
-    assert tree.n_shared == 2  # the prefix's two blocks
+    assert tree.n_shared == n_shared  # the prefix's two blocks
     n_rows = sum(query_lens)
     q = torch.tensor(rng.uniform(-1, 1, (n_rows, hq, dim)), dtype=dtype)
     scale = dim ** -0.5
