@@ -49,34 +49,35 @@ def _method() -> str:
 
 
 def cache_view(kv_cache: torch.Tensor, which: int) -> torch.Tensor:
-    """Keys (which=0) or values (1) of a [blocks, heads, block_size, 2 * dim] cache as one strided
-    (tokens, heads, dim) tensor over the same memory: token tau = block * 2 * heads * block_size + offset (see
-    step.token_start); no copy. Tokens between blocks alias other heads' rows and are never addressed."""
+    """Keys (which=0) or values (1) of a [blocks, heads, block_size, 2 * dim] cache, as write_kv lays each block
+    out, as one (tokens, heads, dim) tensor over the same memory: token tau = block * 2 * block_size + offset (see
+    step.token_start), heads side by side in a token's row; no copy. Keys' and values' rows alternate block by block,
+    so a segment never spans two blocks."""
     n_blocks, n_heads, block_size, two_dim = kv_cache.shape
     dim = two_dim // 2
-    n_tokens = n_blocks * 2 * n_heads * block_size - (n_heads - 1) * 2 * block_size - block_size
-    return kv_cache.as_strided((n_tokens, n_heads, dim), (dim, 2 * block_size * dim, 1),
-                               kv_cache.storage_offset() + which * block_size * dim)
+    n_tokens = n_blocks * 2 * block_size - block_size
+    return kv_cache.as_strided((n_tokens, n_heads, dim), (n_heads * dim, dim, 1),
+                               kv_cache.storage_offset() + which * block_size * n_heads * dim)
 
 
 def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Writes key[i], value[i] ((n_kv_heads, dim) each) at slot slot_mapping[i] (block * block_size + offset;
-    negative: padding, skipped) of a [blocks, heads, block_size, 2 * dim] cache, which vLLM's CPU backend reads as
-    [blocks, heads, 2, block_size, dim] (each head's keys, then its values): key (block, head, offset) at
-    [block, head, 0, offset], value at [block, head, 1, offset], token-major rows as cache_view reads them. vLLM's
-    own AMX kernels pack keys differently, so a layer's cache is written and read by one side only."""
+    negative: padding, skipped) of a [blocks, heads, block_size, 2 * dim] cache, each block laid out as
+    [2, block_size, heads, dim]: its keys token by token, every token's heads side by side, then its values (the
+    layout cascade's CPU kernels stream best). vLLM's own kernels read another layout (a block's keys and values
+    head by head, keys packed for their products), so a layer's cache is written and read by one side only."""
     n = slot_mapping.shape[0]
-    block_size, dim = kv_cache.shape[2], kv_cache.shape[3] // 2
+    n_blocks, n_heads, block_size, two_dim = kv_cache.shape
     key, value = key[:n], value[:n]
     keep = slot_mapping >= 0
     slots = slot_mapping
     if not bool(keep.all()):
         slots, key, value = slots[keep], key[keep], value[keep]
     blocks = torch.div(slots, block_size, rounding_mode="floor")
-    offsets = slots - blocks * block_size
-    split = kv_cache.view(kv_cache.shape[0], kv_cache.shape[1], 2, block_size, dim)
-    split[blocks, :, 0, offsets] = key.to(kv_cache.dtype)
-    split[blocks, :, 1, offsets] = value.to(kv_cache.dtype)
+    rows = slots + blocks * block_size  # block * 2 * block_size + offset
+    flat = kv_cache.view(n_blocks * 2 * block_size, n_heads, two_dim // 2)
+    flat.index_copy_(0, rows, key.to(kv_cache.dtype))
+    flat.index_copy_(0, rows + block_size, value.to(kv_cache.dtype))
 
 
 @dataclass
@@ -111,7 +112,7 @@ class CascadeAttentionMetadataBuilder(CPUAttentionMetadataBuilder):
         query_lens = [qsl[i + 1] - qsl[i] for i in range(n_reqs)]
         n_blocks = [-(-n // self.block_size) for n in seq_lens]
         rows = cm.block_table_tensor[:n_reqs, : max(n_blocks)].tolist()
-        tree = build_step_tree(seq_lens, query_lens, rows, self.block_size, self.num_kv_heads)
+        tree = build_step_tree(seq_lens, query_lens, rows, self.block_size)
         stats["steps"] += 1
         prefills = [q > 1 for q in query_lens]
         stats["chunked_prefill_steps"] += any(q > 1 and n > q for q, n in zip(query_lens, seq_lens))

@@ -21,15 +21,14 @@ class StepTree:
     n_shared: int
 
 
-def token_start(block: int, offset: int, n_kv_heads: int, block_size: int) -> int:
-    """The token index of (block, offset) in the view cache_view() makes of a [blocks, heads, 2 * block_size, dim]
-    cache: token tau = block * 2 * heads * block_size + offset lies at element tau * dim (plus head * 2 *
-    block_size * dim), exactly where vLLM's layout keeps key (block, head, offset)."""
-    return block * 2 * n_kv_heads * block_size + offset
+def token_start(block: int, offset: int, block_size: int) -> int:
+    """The token index of (block, offset) in the views backend.cache_view() makes of a cache whose blocks hold
+    block_size key rows then block_size value rows: token tau = block * 2 * block_size + offset."""
+    return block * 2 * block_size + offset
 
 
-def build_step_tree(seq_lens: list[int], query_lens: list[int], block_rows: list[list[int]], block_size: int,
-                    n_kv_heads: int) -> StepTree:
+def build_step_tree(seq_lens: list[int], query_lens: list[int], block_rows: list[list[int]],
+                    block_size: int) -> StepTree:
     """Builds the tree of one step.
 
     seq_lens[s]: sequence s's keys (its cached tokens plus this step's queries); query_lens[s] its query
@@ -60,7 +59,7 @@ def build_step_tree(seq_lens: list[int], query_lens: list[int], block_rows: list
                 g = len(segments)
                 node_of[key] = g
                 segments.append(fill)
-                starts.append(token_start(int(row[j]), 0, n_kv_heads, block_size))
+                starts.append(token_start(int(row[j]), 0, block_size))
                 users.append(0)
             users[g] += 1
             path.append(g)

@@ -78,7 +78,7 @@ def test_paged_step_matches_reference(dtype, block_size, shape):
         write_kv(kv_cache, kt, vt, slots)
         ks.append(torch.tensor(k).to(dtype).double().numpy())
         vs.append(torch.tensor(v).to(dtype).double().numpy())
-    tree = build_step_tree(seq_lens, query_lens, rows, block_size, hk)
+    tree = build_step_tree(seq_lens, query_lens, rows, block_size)
     assert tree.n_shared == n_shared  # the prefix's two blocks
     n_rows = sum(query_lens)
     q = torch.tensor(rng.uniform(-1, 1, (n_rows, hq, dim)), dtype=dtype)
@@ -98,12 +98,12 @@ def test_paged_step_matches_reference(dtype, block_size, shape):
 
 def test_tree_shares_only_identical_chains():
     # Sequence 1 holds block 7 at position 1 after a different first block: a different segment.
-    tree = build_step_tree([200, 200, 150], [1, 1, 1], [[3, 7], [4, 7], [3, 7]], 128, 2)
+    tree = build_step_tree([200, 200, 150], [1, 1, 1], [[3, 7], [4, 7], [3, 7]], 128)
     assert tree.paths[0] == tree.paths[2][:1] + [tree.paths[0][1]] or tree.paths[0][0] == tree.paths[2][0]
     assert tree.paths[0][0] == tree.paths[2][0] and tree.paths[0][0] != tree.paths[1][0]
     assert tree.paths[0][1] != tree.paths[2][1]  # same block, different fill (72 vs 22 tokens)
     assert tree.segments == [128, 72, 128, 72, 22]
     assert tree.n_shared == 1
-    assert tree.starts[0] == 3 * 2 * 2 * 128
+    assert tree.starts[0] == 3 * 2 * 128
     with pytest.raises(ValueError):
-        build_step_tree([300], [1], [[1, 2]], 128, 2)
+        build_step_tree([300], [1], [[1, 2]], 128)
