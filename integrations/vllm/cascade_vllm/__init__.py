@@ -1,9 +1,9 @@
 """cascade as vLLM's CPU attention backend (loaded through the vllm.general_plugins entry point `cascade`)."""
 
-import logging
+from vllm.logger import init_logger
 
-# Under vLLM's logger, so that its handlers and VLLM_LOGGING_LEVEL apply.
-logger = logging.getLogger("vllm.cascade_vllm")
+# Under vLLM's logger (configured by importing vllm.logger), so that its handlers and VLLM_LOGGING_LEVEL apply.
+logger = init_logger("vllm.cascade_vllm")
 
 BACKEND_PATH = "cascade_vllm.backend.CascadeAttentionBackend"
 

@@ -7,13 +7,13 @@ sinks, encoder or cross attention) and steps it does not cover (non-causal or dy
 own kernels, announced by one log line per reason.
 """
 
-import logging
 import os
 from dataclasses import dataclass, field
 
 import torch
 
 import cascade
+from vllm.logger import init_logger
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionBackend,
@@ -24,8 +24,8 @@ from vllm.v1.attention.backends.cpu_attn import (
 
 from .step import StepTree, build_step_tree
 
-# Under vLLM's logger, so that its handlers and VLLM_LOGGING_LEVEL apply.
-logger = logging.getLogger("vllm.cascade_vllm")
+# Under vLLM's logger (configured by importing vllm.logger), so that its handlers and VLLM_LOGGING_LEVEL apply.
+logger = init_logger("vllm.cascade_vllm")
 
 # What ran in this process, for tests and logs: steps planned; steps whose tree shares a segment and the most
 # shared segments in one; steps with a prompt chunk (more than one query token) after cached or earlier-computed
