@@ -41,6 +41,13 @@ def _announce_fallback(reason: str) -> None:
         logger.warning("cascade_vllm: %s; vLLM's CPU attention runs it", reason)
 
 
+def _threads() -> int:
+    """cascade's threads per plan: CASCADE_VLLM_THREADS, default 1 (the calling thread). vLLM's CPU worker keeps
+    its OpenMP threads bound to the cores and spinning between regions; a second pool of workers on the same cores
+    waits for their time slices."""
+    return int(os.environ.get("CASCADE_VLLM_THREADS", "1"))
+
+
 def _method() -> str:
     m = os.environ.get("CASCADE_VLLM_METHOD", "cascade")
     if m not in ("cascade", "auto"):
@@ -183,7 +190,8 @@ class CascadeAttentionBackendImpl(CPUAttentionBackendImpl):
             t = step.tree
             plan = cascade.Plan(t.segments, t.paths, t.n_query, n_q_heads=self.num_heads,
                                 n_kv_heads=self.num_kv_heads, head_dim=self.head_size, scale=self.scale,
-                                method=_method(), kv_dtype=str(kv_dtype).removeprefix("torch."))
+                                method=_method(), kv_dtype=str(kv_dtype).removeprefix("torch."),
+                                threads=_threads())
             step.plans[key] = plan
         return plan
 
