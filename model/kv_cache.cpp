@@ -487,8 +487,9 @@ void UnifiedCache::compact() {
       for (KvBuffer& b : buf_) {
         const auto xs = planes(b);
         for (size_t i = 0; i < xs.size(); ++i)
-          std::memmove(xs[i]->data() + size_t(out) * per_token[i], xs[i]->data() + size_t(t) * per_token[i],
-                       per_token[i]);
+          if (per_token[i] > 0)  // a plane the type does not use (a float type's scales) is empty
+            std::memmove(xs[i]->data() + size_t(out) * per_token[i], xs[i]->data() + size_t(t) * per_token[i],
+                         per_token[i]);
       }
       std::copy_n(words, n_words_, key_seqs_.data() + out * n_words_);
       key_pos_[size_t(out)] = key_pos_[size_t(t)];
