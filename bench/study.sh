@@ -68,7 +68,7 @@ mkdir -p "$out/raw" "$out/fig"
 out="$(cd "$out" && pwd)"
 raw="$out/raw"
 t_start=$(date +%s)
-log() { echo "[study $(( $(date +%s) - t_start ))s] $*" >&2; }
+log() { echo "[study $(( $(date +%s) - t_start ))s, load $(cut -d" " -f1 /proc/loadavg 2>/dev/null)] $*" >&2; }
 
 # --- the machine -------------------------------------------------------------------------------------
 {
