@@ -59,5 +59,10 @@ excluded+='|server_http: max_tokens|server engine: under a small K/V budget'
 #    cascade-generate calibrates once ..." (the other profile cache: cases calibrate, write and read profiles).
 excluded+='|server api: logprobs|server api: the usage chunk|llama: q8_0 cache against the reference'
 excluded+="|linear: a row's output is the same bits alone|profile cache: cascade-generate calibrates once"
+#  - "terminal: on a terminal, stderr shows ..." and "terminal: with -np 1 on a terminal ..." run cascade-generate
+#    on a pseudo-terminal to check what it writes where (14 s and 8 s), and "generate: -t above the hardware
+#    threads ..." runs it for its note (12 s): the instrumented tool runs in the other generate: cases, and the
+#    terminal code in the other terminal: cases.
+excluded+='|terminal: on a terminal, stderr shows|terminal: with -np 1 on a terminal|generate: -t above the hardware'
 ctest --test-dir build-asan --output-on-failure -j2 -E "^($excluded)" "$@"
 echo "sanitize: passed in $((SECONDS - start)) s"
