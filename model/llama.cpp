@@ -16,6 +16,7 @@
 #include "model/gguf.hpp"
 #include "model/kv_cache.hpp"
 #include "model/quant.hpp"
+#include "model/vecmath.hpp"
 
 namespace cascade::llama {
 
@@ -266,12 +267,6 @@ void rope(float* x, int64_t n, int64_t n_heads, int64_t head_dim, int64_t n_rot,
   }
 }
 
-// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the form llama.cpp's GELU computes.
-float gelu(float x) {
-  const float k = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + std::tanh(k * x * (1.0f + 0.044715f * x * x)));
-}
-
 // The linear layers of a forward pass on the model's path: Y = X W^T; several matrices against one input (q, k
 // and v; gate and up) split across the threads together. An Input is quantized once for all the matrices it meets.
 struct Products {
@@ -344,10 +339,11 @@ void ffn_block(const Hparams& hp, const Layer& l, const Products& mul, int64_t n
   add_bias(a.u.data(), l.ffn_up_b, n);
   float* g = a.g.data();
   const float* u = a.u.data();
-  if (hp.act == Activation::gelu)
-    for (int64_t i = 0; i < n * n_ff; ++i) g[i] = gelu(g[i]) * u[i];
-  else
-    for (int64_t i = 0; i < n * n_ff; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  // Row by row over the threads (vecmath: a value's result depends on that value alone).
+  tbb::parallel_for(int64_t(0), n, [&](int64_t r) {
+    if (hp.act == Activation::gelu) vecmath::gelu_mul(g + r * n_ff, u + r * n_ff, n_ff);
+    else vecmath::silu_mul(g + r * n_ff, u + r * n_ff, n_ff);
+  });
   mul(l.ffn_down, linear::Input(a.g.data(), n, n_ff), a.tmp.data());
   add_bias(a.tmp.data(), l.ffn_down_b, n);
   if (!l.ffn_post_norm.empty()) rms_norm(a.tmp.data(), l.ffn_post_norm.data(), n, d, hp.rms_eps, a.tmp.data());

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "cascade/error.hpp"
+#include "model/vecmath.hpp"
 
 namespace cascade {
 
@@ -249,30 +250,46 @@ std::vector<std::pair<int32_t, double>> Sampler::distribution(const float* raw, 
 }
 
 // Neither top-k nor top-p: nothing to sort, and the weights w_i = exp((logit_i - max) / temp) have their largest
-// exactly 1, so min-p keeps w_i >= min_p without normalizing first. One pass computes the weights (in f32, a
-// relative error of ~1e-7 on each, the sum in f64) into a kept buffer, one walks them in id order to u * sum.
+// exactly 1, so min-p keeps w_i >= min_p without normalizing first. The weights come from vecmath (relative error
+// ~2e-7 each) into a kept buffer; the sums of blocks of kDrawBlock of them are taken in f64, the total is their sum
+// in block order, and the draw u * total finds its block from the block sums, then its token inside the block in
+// id order. Every step is one fixed order, so a draw depends on the logits and the random number alone.
 int32_t Sampler::sample_unsorted(const float* logits, int64_t n) {
   CASCADE_CHECK(n > 0, "sampler: no logits");
-  float mx = logits[0];
-  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, logits[i]);
+  constexpr int64_t kDrawBlock = 256;
+  constexpr float kLog2e = 1.44269504088896340736f;
+  const float mx = vecmath::max(logits, n);
   weights_.resize(size_t(n));
-  const float inv_t = 1.0f / params_.temp, floor = params_.min_p;
-  double part[4] = {0, 0, 0, 0};  // four sums: one chain of dependent additions would take longer than the rest
-  for (int64_t i = 0; i < n; ++i) {
-    const float w = std::exp((logits[i] - mx) * inv_t);
-    weights_[size_t(i)] = w >= floor ? w : 0.0f;
-    part[i % 4] += weights_[size_t(i)];
+  const float* w = weights_.data();
+  vecmath::exp_weights(logits, n, mx, kLog2e / params_.temp, params_.min_p, weights_.data());
+  const int64_t n_blocks = (n + kDrawBlock - 1) / kDrawBlock;
+  block_sums_.resize(size_t(n_blocks));
+  double total = 0;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    double part[4] = {0, 0, 0, 0};  // four chains: one chain of dependent additions would take longer than the rest
+    const int64_t i1 = std::min(n, (b + 1) * kDrawBlock);
+    for (int64_t i = b * kDrawBlock; i < i1; ++i) part[i % 4] += w[i];
+    block_sums_[size_t(b)] = (part[0] + part[1]) + (part[2] + part[3]);
+    total += block_sums_[size_t(b)];
   }
-  const double u = rng_.uniform() * ((part[0] + part[1]) + (part[2] + part[3]));
+  const double u = rng_.uniform() * total;
   double cum = 0;
-  int64_t last = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (weights_[size_t(i)] == 0.0f) continue;
-    cum += weights_[size_t(i)];
+  int64_t block = -1;  // the block the draw falls in; past the rounded total, the last with any weight
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    if (block_sums_[size_t(b)] == 0) continue;
+    block = b;
+    if (u < cum + block_sums_[size_t(b)]) break;
+    cum += block_sums_[size_t(b)];
+  }
+  if (block < 0) return 0;  // no weight at all: NaN logits
+  int64_t last = block * kDrawBlock;
+  for (int64_t i = block * kDrawBlock, i1 = std::min(n, (block + 1) * kDrawBlock); i < i1; ++i) {
+    if (w[i] == 0.0f) continue;
+    cum += w[i];
     last = i;
     if (u < cum) return int32_t(i);
   }
-  return int32_t(last);  // u beyond the rounded total
+  return int32_t(last);  // u beyond the rounded sum
 }
 
 int32_t Sampler::draw(const float* logits, int64_t n) {

@@ -103,8 +103,9 @@ class Sampler {
   int32_t sample_unsorted(const float* logits, int64_t n);
   SamplerParams params_;
   Rng rng_;
-  std::vector<float> weights_;  // sample_unsorted's, kept between draws
-  std::vector<float> copy_;     // the const sample()'s adjusted copy of the row
+  std::vector<float> weights_;      // sample_unsorted's, kept between draws
+  std::vector<double> block_sums_;  // sample_unsorted's
+  std::vector<float> copy_;         // the const sample()'s adjusted copy of the row
   std::unordered_map<int32_t, Seen> seen_;  // tokens of the prompt and the draws (only when adjusting)
   std::vector<std::pair<int32_t, float>> saved_;  // (id, original logit), in the order they were changed
 };

@@ -296,9 +296,9 @@ TEST_CASE("server engine: cancelled requests, mid-prefill or mid-decode, give th
 
 // q8_0 K/V: the budget counts its real bytes (a byte a code, two a scale of 32 codes).
 TEST_CASE("server engine: under a small K/V budget unused prefixes are evicted, running requests keep theirs") {
-  const Loaded& m = loaded();
+  const Loaded& m = loaded(true);  // texts compared across batches of 6 and of 2
   for (DType dt : {DType::f16, DType::q8_0}) {
-    CAPTURE(dtype_name(dt));
+    CAPTURE(std::string(dtype_name(dt)));
     // Prompts of ~75 tokens, each its own beginning; the budget holds about three of them with their output.
     std::vector<std::string> texts;
     for (int i = 0; i < 6; ++i)
@@ -326,7 +326,10 @@ TEST_CASE("server engine: under a small K/V budget unused prefixes are evicted, 
     std::vector<Client*> all;
     for (Client& cl : clients) all.push_back(&cl);
     run(e, all, c.kv_budget);
-    for (size_t i = 0; i < prompts.size(); ++i) CHECK(clients[i].answer.text == want[i].answer.text);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      CAPTURE(i);
+      CHECK(clients[i].answer.text == want[i].answer.text);
+    }
     CHECK(e.metrics().evicted_tokens > 0);
     // A request that could never fit is refused up front.
     CHECK(e.check(request(prompts[0], 2, 300)).message.find("--kv-budget") != std::string::npos);
