@@ -37,9 +37,10 @@ class CostModel:
     """
 
     @staticmethod
-    def calibrate(threads: int = 0, n_kv_heads: int = 4, head_dim: int = 64) -> CostModel:
+    def calibrate(threads: int = 0, n_kv_heads: int = 4, head_dim: int = 64, kv_dtype: object = 'float16') -> CostModel:
         """
-        Fits the cost model on this machine (about half a second), with the head shape it will price.
+        Fits the cost model on this machine (about half a second), with the head shape and K/V type it will
+        price: the kernels run on kv_dtype's elements ('float32', 'float16', 'bfloat16' or 'q8_0').
         """
 
     @staticmethod
@@ -55,6 +56,12 @@ class CostModel:
     def __str__(self) -> str: ...
 
     def __repr__(self) -> str: ...
+
+    @property
+    def kv_dtype(self) -> str | None:
+        """
+        The K/V type it was measured on (None: not recorded); a plan of another kv_dtype refuses it.
+        """
 
     @property
     def threads(self) -> int: ...
@@ -100,8 +107,9 @@ class Plan:
     last `window` keys up to and including its own position, as Gemma 3's and Mistral's windowed layers do.
     method: 'cascade' (every segment attended once by all the queries below it)
     or 'auto' (each segment shared or folded into its sequences as a cost model predicts faster; cost_model:
-    a CostModel, or None to calibrate once per process). kv_dtype: the K/V type auto prices. threads: 0 for
-    all of the machine's.
+    a CostModel, or None to calibrate once per process). kv_dtype: the K/V type auto prices ('float32',
+    'float16', 'bfloat16' or 'q8_0'; a cost_model measured on another type is refused). threads: 0 for all of
+    the machine's.
 
     Query rows are laid out sequence after sequence: sequence s owns rows [row_begin[s], row_begin[s] +
     n_query[s]).

@@ -199,17 +199,27 @@ DType parse_kv_dtype(nb::handle h) {
   if (s == "float32" || s == "f32") return DType::f32;
   if (s == "float16" || s == "f16") return DType::f16;
   if (s == "bfloat16" || s == "bf16") return DType::bf16;
-  value_error("kv_dtype: expected float32, float16 or bfloat16, got '", s, "'");
+  if (s == "q8_0") return DType::q8_0;
+  value_error("kv_dtype: expected float32, float16, bfloat16 or q8_0, got '", s, "'");
 }
 
-// auto without a given cost model: one calibration per (threads, KV heads, head dim), kept for the process.
-CostModel calibrated(int n_threads, const HeadShape& shape) {
+// kv_dtype as parse_kv_dtype reads it, checked against a head dim: q8_0 needs a multiple of 32.
+DType kv_dtype_for(nb::handle h, int head_dim) {
+  const DType dt = parse_kv_dtype(h);
+  if (dt == DType::q8_0 && head_dim % kQ8Block != 0)
+    value_error("kv_dtype: q8_0 K/V need a head_dim that is a multiple of ", kQ8Block, ", got ", head_dim);
+  return dt;
+}
+
+// auto without a given cost model: one calibration per (threads, KV heads, head dim, K/V type), kept for the
+// process.
+CostModel calibrated(int n_threads, const HeadShape& shape, DType kv_dtype) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int>, CostModel> models;
+  static std::map<std::tuple<int, int, int, DType>, CostModel> models;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(n_threads, shape.n_kv_heads, shape.head_dim);
+  const auto key = std::make_tuple(n_threads, shape.n_kv_heads, shape.head_dim, kv_dtype);
   auto it = models.find(key);
-  if (it == models.end()) it = models.emplace(key, calibrate(n_threads, shape)).first;
+  if (it == models.end()) it = models.emplace(key, calibrate(n_threads, shape, kv_dtype)).first;
   return it->second;
 }
 
@@ -247,7 +257,10 @@ PyPlan make_plan(const PlanOptions& o, const std::function<Tree(const HeadShape&
   if (o.scale && !(*o.scale > 0.0f)) value_error("scale: must be positive, got ", *o.scale);
   if (o.window < 0) value_error("window: must be >= 0 (0: none), got ", o.window);
   const HeadShape shape{o.n_q_heads, o.n_kv_heads, o.head_dim};
-  const DType kv_dtype = parse_kv_dtype(o.kv_dtype);
+  const DType kv_dtype = kv_dtype_for(o.kv_dtype, o.head_dim);
+  if (o.cost_model && o.cost_model->kv_dtype && *o.cost_model->kv_dtype != kv_dtype)
+    value_error("cost_model: calibrated on ", python_dtype_name(*o.cost_model->kv_dtype), " K/V, but kv_dtype is '",
+                python_dtype_name(kv_dtype), "' (CostModel.calibrate(kv_dtype=...) measures that type's kernels)");
   Tree tree = tree_of(shape, o.scale.value_or(0.0f), o.window);
   PyPlan p;
   p.method = o.method;
@@ -256,7 +269,7 @@ PyPlan make_plan(const PlanOptions& o, const std::function<Tree(const HeadShape&
   cpu::Options opt{o.threads, nullptr, kv_dtype};
   CostModel model;
   if (o.method == "auto") {
-    model = o.cost_model ? *o.cost_model : calibrated(o.threads, shape);
+    model = o.cost_model ? *o.cost_model : calibrated(o.threads, shape, kv_dtype);
     opt.cost_model = &model;
   }
   p.plan = cpu::plan(std::move(tree), opt);
@@ -334,8 +347,9 @@ constexpr const char* kPlanDoc =
     "last `window` keys up to and including its own position, as Gemma 3's and Mistral's windowed layers do.\n"
     "method: 'cascade' (every segment attended once by all the queries below it)\n"
     "or 'auto' (each segment shared or folded into its sequences as a cost model predicts faster; cost_model:\n"
-    "a CostModel, or None to calibrate once per process). kv_dtype: the K/V type auto prices. threads: 0 for\n"
-    "all of the machine's.\n\n"
+    "a CostModel, or None to calibrate once per process). kv_dtype: the K/V type auto prices ('float32',\n"
+    "'float16', 'bfloat16' or 'q8_0'; a cost_model measured on another type is refused). threads: 0 for all of\n"
+    "the machine's.\n\n"
     "Query rows are laid out sequence after sequence: sequence s owns rows [row_begin[s], row_begin[s] +\n"
     "n_query[s]).";
 
@@ -365,21 +379,32 @@ void bind_attention(nb::module_& m) {
                         "auto's cost model of this machine: calibrate() measures one, save()/load() keep it.")
       .def_static(
           "calibrate",
-          [](int threads, int n_kv_heads, int head_dim) {
+          [](int threads, int n_kv_heads, int head_dim, nb::handle kv_dtype) {
             if (threads < 0) value_error("threads: must be >= 0 (0: all), got ", threads);
+            const DType dt = kv_dtype_for(kv_dtype, head_dim);
             nb::gil_scoped_release release;
-            return calibrate(threads, HeadShape{n_kv_heads, n_kv_heads, head_dim});
+            return calibrate(threads, HeadShape{n_kv_heads, n_kv_heads, head_dim}, dt);
           },
           nb::arg("threads") = 0, nb::arg("n_kv_heads") = 4, nb::arg("head_dim") = 64,
-          "Fits the cost model on this machine (about half a second), with the head shape it will price.")
+          nb::arg("kv_dtype") = "float16",
+          "Fits the cost model on this machine (about half a second), with the head shape and K/V type it will\n"
+          "price: the kernels run on kv_dtype's elements ('float32', 'float16', 'bfloat16' or 'q8_0').")
       .def_static("load", &CostModel::load, nb::arg("path"), "Reads a profile written by save().")
       .def_static("parse", &CostModel::parse, nb::arg("text"), "Reads a profile from str(model).")
       .def("save", &CostModel::save, nb::arg("path"))
       .def("__str__", &CostModel::to_string)
       .def("__repr__", [](const CostModel& c) {
         return cat("CostModel(threads=", c.n_threads, ", n_kv_heads=", c.n_kv_heads, ", head_dim=", c.head_dim,
+                   ", kv_dtype=", c.kv_dtype ? cat("'", python_dtype_name(*c.kv_dtype), "'") : "None",
                    ", read_bw=", c.read_bw / 1e9, " GB/s)");
       })
+      .def_prop_ro(
+          "kv_dtype",
+          [](const CostModel& c) -> std::optional<std::string> {
+            if (!c.kv_dtype) return std::nullopt;
+            return python_dtype_name(*c.kv_dtype);
+          },
+          "The K/V type it was measured on (None: not recorded); a plan of another kv_dtype refuses it.")
       .def_ro("threads", &CostModel::n_threads)
       .def_ro("n_kv_heads", &CostModel::n_kv_heads)
       .def_ro("head_dim", &CostModel::head_dim)
@@ -501,7 +526,7 @@ void bind_attention(nb::module_& m) {
       .def(
           "kernels",
           [](const PyPlan& p, nb::handle kv_dtype) {
-            const DType dt = parse_kv_dtype(kv_dtype);
+            const DType dt = kv_dtype_for(kv_dtype, p.plan.shape().head_dim);
             nb::dict d;
             for (const Schedule::Pass& ps : p.plan.schedule().passes)
               d[ps.kernel == cpu::kTiledKernel ? "shared" : "per_sequence"] =
