@@ -1,11 +1,12 @@
 """cascade's kernels and generation (see the package cascade)"""
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 
 from typing import Any, Protocol
 class Array(Protocol):
-    """A NumPy array or a PyTorch CPU tensor (float32, float16 or bfloat16 elements where a kernel reads it)."""
+    """A NumPy array or a PyTorch CPU tensor (float32, float16 or bfloat16 elements where a kernel reads it;
+    int8 codes and float16 scales in a Q8_0)."""
     @property
     def shape(self) -> Any: ...
     @property
@@ -29,6 +30,46 @@ def merge_states(o: Array, lse: Array) -> tuple[Any, Any]:
 
     o: (n, ..., head_dim), lse: (n, ...). Returns (o, lse) of shapes (..., head_dim) and (...); n = 0 gives
     empty states (0, -inf).
+    """
+
+class Q8_0:
+    """
+    q8_0 K or V, as Plan.run, Plan.bind and the layouts take them: Q8_0(codes, scales).
+
+    codes: int8, (tokens, n_kv_heads, head_dim); scales: float16, (tokens, n_kv_heads, head_dim // 32), one per
+    32 codes of a head's row: element i of a row is codes[..., i] * scales[..., i // 32] (head_dim a multiple of
+    32). NumPy arrays or PyTorch CPU tensors, read in place: dense, or views whose scales' strides are the codes'
+    divided by 32 (slices of both along the token axis are). quantize_q8_0(x) makes one from float values;
+    `codes, scales = q` unpacks it; q.dequantize() gives the float32 values the kernels see.
+    """
+
+    def __init__(self, codes: Array, scales: Array) -> None: ...
+
+    @property
+    def codes(self) -> Any:
+        """The int8 codes, as given."""
+
+    @property
+    def scales(self) -> Any:
+        """The float16 scales, as given."""
+
+    def __iter__(self) -> Iterator[Any]:
+        """codes, then scales: `codes, scales = q`."""
+
+    def dequantize(self) -> Any:
+        """
+        The values as float32 (codes times their scales), in the codes' framework.
+        """
+
+    def __repr__(self) -> str: ...
+
+def quantize_q8_0(x: Array) -> Q8_0:
+    """
+    x (..., head_dim) of float32, float16 or bfloat16 as q8_0, by the library's quantizer: a Q8_0 of int8 codes
+    (x's shape) and float16 scales (x's shape with head_dim // 32), in x's framework. Each block of 32 values
+    gets the scale d = float16(max |x| / 127) and codes round(x / d) (to nearest even, within [-127, 127]), so
+    every value is within d / 2 of what is stored; a block holding a NaN or an infinity reads back as NaN.
+    head_dim must be a multiple of 32.
     """
 
 class CostModel:
@@ -130,21 +171,21 @@ class Plan:
         Every sequence on its own: sequence s attends only segment s (n_tokens[s] tokens). Options as Plan().
         """
 
-    def run(self, k: Array | Sequence[Array], v: Array | Sequence[Array], q: Array, *, starts: Sequence[int] | None = None, out: Array | None = None, lse: Array | None = None) -> tuple[Any, Any]:
+    def run(self, k: Array | Q8_0 | Sequence[Array | Q8_0], v: Array | Q8_0 | Sequence[Array | Q8_0], q: Array, *, starts: Sequence[int] | None = None, out: Array | None = None, lse: Array | None = None) -> tuple[Any, Any]:
         """
         Attention of one layer: returns (o, lse).
 
         k, v: a list of one array per segment, (tokens, n_kv_heads, head_dim), or one array holding every
         segment's tokens, one segment after another or where starts= says (starts[g]: the token segment g begins
-        at, in any order: a cache buffer with the segments anywhere in it); float32, float16 or bfloat16; read in
-        place (any strides with a dense head_dim axis, K and V with the same layout). q: (n_rows, n_q_heads,
-        head_dim), float32, float16 or bfloat16. o has q's shape and dtype, lse is (n_rows, n_q_heads) float32
-        (natural log; -inf for a row that sees no key, whose o is 0); both in q's framework, or written into out=
-        and lse= (C-contiguous). Computed in float32; the GIL is released meanwhile, so threads may run plans at
-        once.
+        at, in any order: a cache buffer with the segments anywhere in it); float32, float16 or bfloat16, or q8_0
+        as a Q8_0(codes, scales) in place of each array (quantize_q8_0 makes one); read in place (any strides
+        with a dense head_dim axis, K and V with the same layout). q: (n_rows, n_q_heads, head_dim), float32,
+        float16 or bfloat16. o has q's shape and dtype, lse is (n_rows, n_q_heads) float32 (natural log; -inf for
+        a row that sees no key, whose o is 0); both in q's framework, or written into out= and lse=
+        (C-contiguous). Computed in float32; the GIL is released meanwhile, so threads may run plans at once.
         """
 
-    def bind(self, k: Array | Sequence[Array], v: Array | Sequence[Array], *, starts: Sequence[int] | None = None) -> BoundPlan:
+    def bind(self, k: Array | Q8_0 | Sequence[Array | Q8_0], v: Array | Q8_0 | Sequence[Array | Q8_0], *, starts: Sequence[int] | None = None) -> BoundPlan:
         """
         This plan bound to one layer's K/V: returns a BoundPlan, whose run(q) is Plan.run(k, v, q).
 
@@ -237,7 +278,7 @@ class SplitLayout:
     (as Plan.run takes them); run(q) attends.
     """
 
-    def __init__(self, plan: Plan, k: Array | Sequence[Array], v: Array | Sequence[Array], *, starts: Sequence[int] | None = None) -> None: ...
+    def __init__(self, plan: Plan, k: Array | Q8_0 | Sequence[Array | Q8_0], v: Array | Q8_0 | Sequence[Array | Q8_0], *, starts: Sequence[int] | None = None) -> None: ...
 
     def run(self, q: Array, *, out: Array | None = None, lse: Array | None = None) -> tuple[Any, Any]:
         """As Plan.run, on the copied K/V."""
@@ -252,7 +293,7 @@ class UnifiedLayout:
     run(q) attends.
     """
 
-    def __init__(self, plan: Plan, k: Array | Sequence[Array], v: Array | Sequence[Array], *, starts: Sequence[int] | None = None) -> None: ...
+    def __init__(self, plan: Plan, k: Array | Q8_0 | Sequence[Array | Q8_0], v: Array | Q8_0 | Sequence[Array | Q8_0], *, starts: Sequence[int] | None = None) -> None: ...
 
     def run(self, q: Array, *, out: Array | None = None, lse: Array | None = None) -> tuple[Any, Any]:
         """As Plan.run, on the copied K/V."""
