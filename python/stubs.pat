@@ -4,7 +4,8 @@
 _cascade.__prefix__:
     from typing import Any, Protocol
     class Array(Protocol):
-        """A NumPy array or a PyTorch CPU tensor (float32, float16 or bfloat16 elements where a kernel reads it)."""
+        """A NumPy array or a PyTorch CPU tensor (float32, float16 or bfloat16 elements where a kernel reads it;
+        int8 codes and float16 scales in a Q8_0)."""
         @property
         def shape(self) -> Any: ...
         @property

@@ -484,6 +484,9 @@ TEST_CASE("generate: bad files and bad prompts give one error line naming the pr
       {"-m " + std::string(kModel) + p + "--cost-model " + write_temp("cost2.txt", "cascade-cost-model 1\nread_bw -3\n"),
        "read_bw"},
       {"-m " + std::string(kModel) + p + "--cost-model " CASCADE_BINARY_DIR, "not a file"},
+      {"-m " + std::string(kModel) + p + "--kv-type q8_0 --cost-model " +
+           write_temp("cost3.txt", "cascade-cost-model 1\nkv_type f16\n"),
+       "calibrated for --kv-type f16, not q8_0"},
       {"-m " + std::string(kModel) + p + "--cost-model /nonexistent/dir/cost.txt", "cannot write"},
       {"-m " + std::string(kModel) + p + "--attn cascade --cost-model x.txt", "--attn auto"},
   };
@@ -497,7 +500,8 @@ TEST_CASE("generate: bad files and bad prompts give one error line naming the pr
     CHECK(count_lines(r.err) == 1);
     CHECK(r.err.find(c.needle) != std::string::npos);
   }
-  for (const char* name : {"i32_norm.gguf", "truncated.gguf", "text.gguf", "arch.gguf", "chat.gguf", "cost.txt", "cost2.txt"})
+  for (const char* name : {"i32_norm.gguf", "truncated.gguf", "text.gguf", "arch.gguf", "chat.gguf", "cost.txt",
+                           "cost2.txt", "cost3.txt"})
     std::remove((std::string(CASCADE_BINARY_DIR "/tests/") + std::to_string(getpid()) + "_" + name).c_str());
 }
 

@@ -349,6 +349,56 @@ TEST_CASE("profile cache: calibrate_cached calibrates on this machine once, then
   fs::remove_all(dir);
 }
 
+TEST_CASE("profile cache: each K/V type is measured on its own kernels, kept apart and priced only for itself") {
+  const fs::path dir = fresh_dir("cache_types");
+  const HeadShape shape{4, 2, 64};
+  const std::vector<DType> types = {DType::f16, DType::q8_0};
+  std::vector<CachedProfile> first;
+  for (DType dt : types) {
+    CAPTURE(cascade::dtype_name(dt));
+    const CachedProfile p = cascade::cpu::calibrate_cached(1, shape, dt, in(dir));
+    // A type met for the first time is measured, never read from another type's profile.
+    CHECK(p.source == CachedProfile::Source::calibrated);
+    CHECK(p.model.kv_dtype == dt);
+    CHECK(p.path == dir / ProfileKey::here(1, shape, dt).file_name());
+    first.push_back(p);
+  }
+  CHECK(names_in(dir).size() == types.size());
+  for (size_t i = 0; i < types.size(); ++i) {
+    CAPTURE(cascade::dtype_name(types[i]));
+    const CachedProfile again = cascade::cpu::calibrate_cached(1, shape, types[i], in(dir));
+    CHECK(again.source == CachedProfile::Source::cache);
+    CHECK(again.model.to_string() == first[i].model.to_string());
+    CHECK(again.model.kv_dtype == types[i]);
+  }
+  // auto prices a tree with the profile of its own K/V type and refuses another type's.
+  const cascade::Tree tree = cascade::Tree::two_level(HeadShape{4, 2, 64}, 300, {20, 5, 9});
+  for (size_t i = 0; i < types.size(); ++i) {
+    for (size_t j = 0; j < types.size(); ++j) {
+      CAPTURE(cascade::dtype_name(types[i]));
+      CAPTURE(cascade::dtype_name(types[j]));
+      const cascade::cpu::Options opt{1, &first[i].model, types[j]};
+      if (i == j) {
+        CHECK(cascade::cpu::plan(tree, opt).choice().has_value());
+      } else {
+        const std::string said = std::string("calibrated on ") + cascade::dtype_name(types[i]) + " K/V";
+        CHECK_THROWS_WITH_AS(cascade::cpu::plan(tree, opt), doctest::Contains(said.c_str()), cascade::Error);
+      }
+    }
+  }
+  // The type is part of the saved profile; one saved without it (before profiles recorded it) prices any type.
+  CHECK(CostModel::parse(first[1].model.to_string()).kv_dtype == DType::q8_0);
+  CostModel untyped = first[0].model;
+  untyped.kv_dtype.reset();
+  CHECK_FALSE(CostModel::parse(untyped.to_string()).kv_dtype.has_value());
+  CHECK(cascade::cpu::plan(tree, cascade::cpu::Options{1, &untyped, DType::q8_0}).choice().has_value());
+  CHECK_THROWS_AS(CostModel::parse("cascade-cost-model 1\nkv_type q4_0\n"), cascade::Error);
+  // calibrate() builds K/V of the type asked for: q8_0's blocks of 32 must tile a head's row.
+  CHECK_THROWS_WITH_AS(cascade::calibrate(1, HeadShape{4, 4, 48}, DType::q8_0), doctest::Contains("multiple of 32"),
+                       cascade::Error);
+  fs::remove_all(dir);
+}
+
 // --- cascade-generate keeps auto's profile in the cache --------------------------------------------------
 
 namespace {

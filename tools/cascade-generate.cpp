@@ -390,7 +390,14 @@ std::optional<cascade::CostModel> read_cost_model_file(const Options& o) {
   const bool exists = std::filesystem::exists(path, ec);
   if (exists)
     CASCADE_CHECK(std::filesystem::is_regular_file(path, ec), "cost model profile '", path, "' is not a file");
-  if (exists && !o.recalibrate) return cascade::CostModel::load(path);
+  if (exists && !o.recalibrate) {
+    cascade::CostModel m = cascade::CostModel::load(path);
+    // A profile measured on another K/V type prices other kernels and element sizes.
+    CASCADE_CHECK(!m.kv_dtype || *m.kv_dtype == o.gen.kv_dtype, "cost model profile '", path,
+                  "' was calibrated for --kv-type ", cascade::dtype_name(m.kv_dtype.value_or(o.gen.kv_dtype)),
+                  ", not ", cascade::dtype_name(o.gen.kv_dtype), " (--recalibrate measures it anew)");
+    return m;
+  }
   {
     std::ofstream probe(path, std::ios::app);
     CASCADE_CHECK(bool(probe), "cannot write the cost model profile '", path, "'");

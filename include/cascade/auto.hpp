@@ -52,6 +52,9 @@ namespace cascade {
 struct CostModel {
   int n_threads = 0;        // the thread count it was measured with (0: all of the machine's)
   int n_kv_heads = 0, head_dim = 0;  // the head shape it was measured with (0: not recorded)
+  // The K/V type its kernels ran on (calibrate() records it; nullopt: not recorded). The rates differ by type
+  // (other bytes per element, other kernels), so choose() refuses a model recorded for another type.
+  std::optional<DType> kv_dtype;
   double read_bw = 10e9;    // bytes/s, streaming read of a buffer
   double small_bw = 10e9;   // few-rows kernel: K/V bytes/s
   double small_mac = 20e9;  // few-rows kernel: multiply-adds/s
@@ -108,8 +111,9 @@ struct CostModel {
     std::ostringstream os;
     os.precision(9);
     os << "cascade-cost-model 1\n"
-       << "n_threads " << n_threads << "\nn_kv_heads " << n_kv_heads << "\nhead_dim " << head_dim << "\nread_bw "
-       << read_bw << "\nsmall_bw " << small_bw << "\nsmall_mac " << small_mac << "\ntiled_bw " << tiled_bw
+       << "n_threads " << n_threads << "\nn_kv_heads " << n_kv_heads << "\nhead_dim " << head_dim << "\n";
+    if (kv_dtype) os << "kv_type " << dtype_name(*kv_dtype) << "\n";
+    os << "read_bw " << read_bw << "\nsmall_bw " << small_bw << "\nsmall_mac " << small_mac << "\ntiled_bw " << tiled_bw
        << "\ntiled_mac " << tiled_mac << "\nitem_s " << item_s << "\ntiled_item_s " << tiled_item_s << "\n";
     return os.str();
   }
@@ -125,6 +129,12 @@ struct CostModel {
                                                    {"tiled_mac", &c.tiled_mac}, {"item_s", &c.item_s},
                                                    {"tiled_item_s", &c.tiled_item_s}};
     while (is >> key) {
+      if (key == "kv_type") {
+        std::string name;
+        CASCADE_CHECK(bool(is >> name), "cost model profile: 'kv_type' needs a K/V type");
+        c.kv_dtype = parse_dtype(name);
+        continue;
+      }
       if (key == "n_threads" || key == "n_kv_heads" || key == "head_dim") {
         int& v = key == "n_threads" ? c.n_threads : key == "n_kv_heads" ? c.n_kv_heads : c.head_dim;
         CASCADE_CHECK(is >> v && v >= 0, "cost model profile: bad ", key);
@@ -348,6 +358,9 @@ inline void record_choice(AutoChoice& c, const Tree& tree, const std::vector<cha
 // `tree` computes: same sequences, rows, keys and scale. Segments on no sequence's path are dropped.
 inline Regrouping choose(const Tree& tree, const CostModel& model, const Target& target, DType dtype = DType::f16) {
   using namespace auto_detail;
+  CASCADE_CHECK(!model.kv_dtype || *model.kv_dtype == dtype, "auto: the cost model was calibrated on ",
+                dtype_name(model.kv_dtype.value_or(dtype)), " K/V, not on the ", dtype_name(dtype),
+                " K/V it would price; calibrate one for ", dtype_name(dtype));
   const TreeIndex x = index_tree(tree);
   Regrouping out;
   out.why = price_tree(tree, x, model, target, dtype);

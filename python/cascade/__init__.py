@@ -12,6 +12,8 @@ Kernels (plan once per step, run once per layer):
   per segment, between one shared pass and folding it into its sequences.
 - ``Plan.bind(k, v)`` -> ``BoundPlan``: the plan and one layer's K/V, held (kept alive) and read in place on
   every ``run(q)``; for many segments it saves the per-array conversion Plan.run pays on every call.
+- ``Q8_0(codes, scales)``: q8_0 K or V (int8 codes, one float16 scale per 32 of a head's row) in place of an
+  array; ``quantize_q8_0(x)`` makes one with the library's quantizer, ``Plan(..., kv_dtype='q8_0')`` prices them.
 - ``SplitLayout`` and ``UnifiedLayout``: the two baselines (K/V copied per sequence; one buffer with a mask).
 - ``merge_state``, ``merge_state_in_place``, ``merge_states``: the exact merge of attention states
   ``(o, lse)``, lse in natural log, the empty state ``(0, -inf)``.
@@ -28,12 +30,14 @@ from ._cascade import (
     BoundPlan,
     CostModel,
     Plan,
+    Q8_0,
     SplitLayout,
     UnifiedLayout,
     __version__,
     merge_state,
     merge_state_in_place,
     merge_states,
+    quantize_q8_0,
 )
 from ._model import Generation, Model
 
@@ -42,6 +46,8 @@ __all__ = [
     "BoundPlan",
     "CostModel",
     "Plan",
+    "Q8_0",
+    "quantize_q8_0",
     "SplitLayout",
     "UnifiedLayout",
     "merge_state",

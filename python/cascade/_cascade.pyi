@@ -1,11 +1,12 @@
 """cascade's kernels and generation (see the package cascade)"""
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 
 from typing import Any, Protocol
 class Array(Protocol):
-    """A NumPy array or a PyTorch CPU tensor (float32, float16 or bfloat16 elements where a kernel reads it)."""
+    """A NumPy array or a PyTorch CPU tensor (float32, float16 or bfloat16 elements where a kernel reads it;
+    int8 codes and float16 scales in a Q8_0)."""
     @property
     def shape(self) -> Any: ...
     @property
@@ -31,15 +32,56 @@ def merge_states(o: Array, lse: Array) -> tuple[Any, Any]:
     empty states (0, -inf).
     """
 
+class Q8_0:
+    """
+    q8_0 K or V, as Plan.run, Plan.bind and the layouts take them: Q8_0(codes, scales).
+
+    codes: int8, (tokens, n_kv_heads, head_dim); scales: float16, (tokens, n_kv_heads, head_dim // 32), one per
+    32 codes of a head's row: element i of a row is codes[..., i] * scales[..., i // 32] (head_dim a multiple of
+    32). NumPy arrays or PyTorch CPU tensors, read in place: dense, or views whose scales' strides are the codes'
+    divided by 32 (slices of both along the token axis are). quantize_q8_0(x) makes one from float values;
+    `codes, scales = q` unpacks it; q.dequantize() gives the float32 values the kernels see.
+    """
+
+    def __init__(self, codes: Array, scales: Array) -> None: ...
+
+    @property
+    def codes(self) -> Any:
+        """The int8 codes, as given."""
+
+    @property
+    def scales(self) -> Any:
+        """The float16 scales, as given."""
+
+    def __iter__(self) -> Iterator[Any]:
+        """codes, then scales: `codes, scales = q`."""
+
+    def dequantize(self) -> Any:
+        """
+        The values as float32 (codes times their scales), in the codes' framework.
+        """
+
+    def __repr__(self) -> str: ...
+
+def quantize_q8_0(x: Array) -> Q8_0:
+    """
+    x (..., head_dim) of float32, float16 or bfloat16 as q8_0, by the library's quantizer: a Q8_0 of int8 codes
+    (x's shape) and float16 scales (x's shape with head_dim // 32), in x's framework. Each block of 32 values
+    gets the scale d = float16(max |x| / 127) and codes round(x / d) (to nearest even, within [-127, 127]), so
+    every value is within d / 2 of what is stored; a block holding a NaN or an infinity reads back as NaN.
+    head_dim must be a multiple of 32.
+    """
+
 class CostModel:
     """
     auto's cost model of this machine: calibrate() measures one, save()/load() keep it.
     """
 
     @staticmethod
-    def calibrate(threads: int = 0, n_kv_heads: int = 4, head_dim: int = 64) -> CostModel:
+    def calibrate(threads: int = 0, n_kv_heads: int = 4, head_dim: int = 64, kv_dtype: object = 'float16') -> CostModel:
         """
-        Fits the cost model on this machine (about half a second), with the head shape it will price.
+        Fits the cost model on this machine (about half a second), with the head shape and K/V type it will
+        price: the kernels run on kv_dtype's elements ('float32', 'float16', 'bfloat16' or 'q8_0').
         """
 
     @staticmethod
@@ -55,6 +97,12 @@ class CostModel:
     def __str__(self) -> str: ...
 
     def __repr__(self) -> str: ...
+
+    @property
+    def kv_dtype(self) -> str | None:
+        """
+        The K/V type it was measured on (None: not recorded); a plan of another kv_dtype refuses it.
+        """
 
     @property
     def threads(self) -> int: ...
@@ -100,8 +148,9 @@ class Plan:
     last `window` keys up to and including its own position, as Gemma 3's and Mistral's windowed layers do.
     method: 'cascade' (every segment attended once by all the queries below it)
     or 'auto' (each segment shared or folded into its sequences as a cost model predicts faster; cost_model:
-    a CostModel, or None to calibrate once per process). kv_dtype: the K/V type auto prices. threads: 0 for
-    all of the machine's.
+    a CostModel, or None to calibrate once per process). kv_dtype: the K/V type auto prices ('float32',
+    'float16', 'bfloat16' or 'q8_0'; a cost_model measured on another type is refused). threads: 0 for all of
+    the machine's.
 
     Query rows are laid out sequence after sequence: sequence s owns rows [row_begin[s], row_begin[s] +
     n_query[s]).
@@ -122,21 +171,21 @@ class Plan:
         Every sequence on its own: sequence s attends only segment s (n_tokens[s] tokens). Options as Plan().
         """
 
-    def run(self, k: Array | Sequence[Array], v: Array | Sequence[Array], q: Array, *, starts: Sequence[int] | None = None, out: Array | None = None, lse: Array | None = None) -> tuple[Any, Any]:
+    def run(self, k: Array | Q8_0 | Sequence[Array | Q8_0], v: Array | Q8_0 | Sequence[Array | Q8_0], q: Array, *, starts: Sequence[int] | None = None, out: Array | None = None, lse: Array | None = None) -> tuple[Any, Any]:
         """
         Attention of one layer: returns (o, lse).
 
         k, v: a list of one array per segment, (tokens, n_kv_heads, head_dim), or one array holding every
         segment's tokens, one segment after another or where starts= says (starts[g]: the token segment g begins
-        at, in any order: a cache buffer with the segments anywhere in it); float32, float16 or bfloat16; read in
-        place (any strides with a dense head_dim axis, K and V with the same layout). q: (n_rows, n_q_heads,
-        head_dim), float32, float16 or bfloat16. o has q's shape and dtype, lse is (n_rows, n_q_heads) float32
-        (natural log; -inf for a row that sees no key, whose o is 0); both in q's framework, or written into out=
-        and lse= (C-contiguous). Computed in float32; the GIL is released meanwhile, so threads may run plans at
-        once.
+        at, in any order: a cache buffer with the segments anywhere in it); float32, float16 or bfloat16, or q8_0
+        as a Q8_0(codes, scales) in place of each array (quantize_q8_0 makes one); read in place (any strides
+        with a dense head_dim axis, K and V with the same layout). q: (n_rows, n_q_heads, head_dim), float32,
+        float16 or bfloat16. o has q's shape and dtype, lse is (n_rows, n_q_heads) float32 (natural log; -inf for
+        a row that sees no key, whose o is 0); both in q's framework, or written into out= and lse=
+        (C-contiguous). Computed in float32; the GIL is released meanwhile, so threads may run plans at once.
         """
 
-    def bind(self, k: Array | Sequence[Array], v: Array | Sequence[Array], *, starts: Sequence[int] | None = None) -> BoundPlan:
+    def bind(self, k: Array | Q8_0 | Sequence[Array | Q8_0], v: Array | Q8_0 | Sequence[Array | Q8_0], *, starts: Sequence[int] | None = None) -> BoundPlan:
         """
         This plan bound to one layer's K/V: returns a BoundPlan, whose run(q) is Plan.run(k, v, q).
 
@@ -229,7 +278,7 @@ class SplitLayout:
     (as Plan.run takes them); run(q) attends.
     """
 
-    def __init__(self, plan: Plan, k: Array | Sequence[Array], v: Array | Sequence[Array], *, starts: Sequence[int] | None = None) -> None: ...
+    def __init__(self, plan: Plan, k: Array | Q8_0 | Sequence[Array | Q8_0], v: Array | Q8_0 | Sequence[Array | Q8_0], *, starts: Sequence[int] | None = None) -> None: ...
 
     def run(self, q: Array, *, out: Array | None = None, lse: Array | None = None) -> tuple[Any, Any]:
         """As Plan.run, on the copied K/V."""
@@ -244,7 +293,7 @@ class UnifiedLayout:
     run(q) attends.
     """
 
-    def __init__(self, plan: Plan, k: Array | Sequence[Array], v: Array | Sequence[Array], *, starts: Sequence[int] | None = None) -> None: ...
+    def __init__(self, plan: Plan, k: Array | Q8_0 | Sequence[Array | Q8_0], v: Array | Q8_0 | Sequence[Array | Q8_0], *, starts: Sequence[int] | None = None) -> None: ...
 
     def run(self, q: Array, *, out: Array | None = None, lse: Array | None = None) -> tuple[Any, Any]:
         """As Plan.run, on the copied K/V."""

@@ -28,6 +28,7 @@ struct Torch {
   PyObject* f32 = nullptr;
   PyObject* f16 = nullptr;
   PyObject* bf16 = nullptr;
+  PyObject* i8 = nullptr;  // q8_0 codes
   PyObject* strided = nullptr;
   PyObject* empty = nullptr;
   PyObject* cpu = nullptr;  // torch.device("cpu"): results are made there whatever torch's default device
@@ -43,6 +44,7 @@ const Torch& torch_objects() {
   found.f32 = PyObject_GetAttrString(torch, "float32");
   found.f16 = PyObject_GetAttrString(torch, "float16");
   found.bf16 = PyObject_GetAttrString(torch, "bfloat16");
+  found.i8 = PyObject_GetAttrString(torch, "int8");
   found.strided = PyObject_GetAttrString(torch, "strided");
   found.tensor = PyObject_GetAttrString(torch, "Tensor");
   found.empty = PyObject_GetAttrString(torch, "empty");
@@ -51,10 +53,10 @@ const Torch& torch_objects() {
     Py_DECREF(device);
   }
   PyErr_Clear();
-  if (found.f32 && found.f16 && found.bf16 && found.strided && found.tensor && found.empty && found.cpu &&
+  if (found.f32 && found.f16 && found.bf16 && found.i8 && found.strided && found.tensor && found.empty && found.cpu &&
       PyType_Check(found.tensor))
     return t = found;
-  for (PyObject* o : {found.f32, found.f16, found.bf16, found.strided, found.tensor, found.empty, found.cpu})
+  for (PyObject* o : {found.f32, found.f16, found.bf16, found.i8, found.strided, found.tensor, found.empty, found.cpu})
     Py_XDECREF(o);
   return t;
 }
@@ -65,8 +67,8 @@ bool is_tensor(const Torch& t, nb::handle obj) {
 
 PyObject* interned(const char* s) { return PyUnicode_InternFromString(s); }  // kept for the process's life
 
-// Reads a strided CPU tensor of a float type through its attributes; false (error indicator clear) for
-// anything else, which then goes through DLPack and its messages.
+// Reads a strided CPU tensor of a float type (or int8: q8_0 codes) through its attributes; false (error
+// indicator clear) for anything else, which then goes through DLPack and its messages.
 bool read_tensor(const Torch& t, nb::handle obj, nb::dlpack::dtype& dtype, size_t& ndim, int64_t* shape,
                  int64_t* strides, void*& data) {
   static PyObject* const s_is_cpu = interned("is_cpu");
@@ -85,6 +87,7 @@ bool read_tensor(const Torch& t, nb::handle obj, nb::dlpack::dtype& dtype, size_
   if (dt.ptr() == t.f32) dtype = {uint8_t(nb::dlpack::dtype_code::Float), 32, 1};
   else if (dt.ptr() == t.f16) dtype = {uint8_t(nb::dlpack::dtype_code::Float), 16, 1};
   else if (dt.ptr() == t.bf16) dtype = {uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1};
+  else if (dt.ptr() == t.i8) dtype = {uint8_t(nb::dlpack::dtype_code::Int), 8, 1};
   else return false;
   ndim = size_t(PyTuple_GET_SIZE(sh.ptr()));
   if (ndim > ArrayRef::kMaxDims) return false;
@@ -152,6 +155,7 @@ void for_each_offset(const ArrayRef& a, F&& f) {
 std::ostream& operator<<(std::ostream& os, const Name& n) {
   os << n.base;
   if (n.index >= 0) os << "[" << n.index << "]";
+  if (n.field) os << "." << n.field;
   return os;
 }
 
@@ -338,6 +342,11 @@ DType float_dtype(const ArrayRef& a, Name name) {
   type_error(name, ": expected float32, float16 or bfloat16 elements, got ", dtype_str(dt));
 }
 
+bool is_int8(const nb::dlpack::dtype& dt) {
+  return dt.lanes == 1 && dt.code == uint8_t(nb::dlpack::dtype_code::Int) && dt.bits == 8;
+}
+bool is_float16(const nb::dlpack::dtype& dt) { return dt.lanes == 1 && dt.code == kFloat && dt.bits == 16; }
+
 std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "(";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -372,8 +381,26 @@ void write_from_f32(const float* src, void* dst, DType dt, int64_t n) {
   });
 }
 
-NewArray new_array(Framework fw, DType dt, const std::vector<int64_t>& shape) {
-  // The framework's own empty(): cheaper than exporting memory of ours through DLPack.
+void copy_dense(const ArrayRef& a, void* dst) {
+  const size_t size = a.dtype().bits / 8;
+  const char* src = static_cast<const char*>(a.data());
+  char* d = static_cast<char*>(dst);
+  if (a.size() == 0) return;
+  if (a.c_contiguous()) {
+    std::memcpy(d, src, a.size() * size);
+    return;
+  }
+  for_each_offset(a, [&](int64_t off) {
+    std::memcpy(d, src + off * int64_t(size), size);
+    d += size;
+  });
+}
+
+namespace {
+
+// An empty array of `shape` by the framework's own empty() (cheaper than exporting memory of ours through
+// DLPack): PyTorch's with torch_dtype, else NumPy's with np_name.
+NewArray empty_array(Framework fw, PyObject* torch_dtype, const char* np_name, const std::vector<int64_t>& shape) {
   static PyObject* const s_dtype = interned("dtype");
   static PyObject* const s_device = interned("device");
   static PyObject* const kw_torch = PyTuple_Pack(2, s_dtype, s_device);  // kept for the process's life
@@ -382,22 +409,33 @@ NewArray new_array(Framework fw, DType dt, const std::vector<int64_t>& shape) {
   const Torch& t = torch_objects();
   NewArray out;
   if (fw == Framework::torch && t.empty) {
-    PyObject* dtype = dt == DType::f32 ? t.f32 : dt == DType::f16 ? t.f16 : t.bf16;
-    PyObject* args[] = {sh.ptr(), dtype, t.cpu};
+    PyObject* args[] = {sh.ptr(), torch_dtype, t.cpu};
     out.obj = nb::steal(PyObject_Vectorcall(t.empty, args, 1, kw_torch));
   } else {
     static PyObject* const np_empty = [] {
       nb::object np = nb::module_::import_("numpy");
       return nb::getattr(np, "empty").release().ptr();
     }();
-    if (dt == DType::bf16) type_error("q: bfloat16 results need PyTorch (NumPy has no bfloat16)");
-    nb::object np_dtype = nb::str(python_dtype_name(dt));
+    nb::object np_dtype = nb::str(np_name);
     PyObject* args[] = {sh.ptr(), np_dtype.ptr()};
     out.obj = nb::steal(PyObject_Vectorcall(np_empty, args, 2, nullptr));
   }
   if (!out.obj.is_valid()) throw nb::python_error();
   out.data = as_array(out.obj, {"result"}, true).data();
   return out;
+}
+
+}  // namespace
+
+NewArray new_array(Framework fw, DType dt, const std::vector<int64_t>& shape) {
+  const Torch& t = torch_objects();
+  if (fw != Framework::torch && dt == DType::bf16)
+    type_error("q: bfloat16 results need PyTorch (NumPy has no bfloat16)");
+  return empty_array(fw, dt == DType::f32 ? t.f32 : dt == DType::f16 ? t.f16 : t.bf16, python_dtype_name(dt), shape);
+}
+
+NewArray new_int8_array(Framework fw, const std::vector<int64_t>& shape) {
+  return empty_array(fw, torch_objects().i8, "int8", shape);
 }
 
 const float* as_f32(const ArrayRef& a, DType dt, std::vector<float>& tmp) {

@@ -43,10 +43,11 @@ template <class... Args>
   throw nb::value_error(cat(std::forward<Args>(args)...).c_str());
 }
 
-// An argument's name in messages, "k" or "k[3]"; formatted only when a message is made.
+// An argument's name in messages, "k", "k[3]" or "k[3].codes"; formatted only when a message is made.
 struct Name {
   const char* base;
   int index = -1;
+  const char* field = nullptr;  // a part of the argument (a q8_0 K/V's codes or scales)
 };
 std::ostream& operator<<(std::ostream& os, const Name& n);
 
@@ -97,6 +98,8 @@ ArrayRef as_array(nb::handle obj, Name name, bool writable = false);
 
 // The element type of a (f32, f16 or bf16), else TypeError naming it.
 DType float_dtype(const ArrayRef& a, Name name);
+bool is_int8(const nb::dlpack::dtype& dt);
+bool is_float16(const nb::dlpack::dtype& dt);
 std::string dtype_str(const nb::dlpack::dtype& dt);
 const char* python_dtype_name(DType dt);  // "float32", "float16", "bfloat16"
 
@@ -110,12 +113,17 @@ void read_f32(const ArrayRef& a, DType dt, float* dst);
 // n floats into dst, an element type dt buffer (f16, bf16: rounded to nearest even).
 void write_from_f32(const float* src, void* dst, DType dt, int64_t n);
 
+// a's elements copied row-major into dst (a.size() elements of a's own type), any strides.
+void copy_dense(const ArrayRef& a, void* dst);
+
 // A fresh C-contiguous array of the given shape and type, owned by the returned Python object.
 struct NewArray {
   nb::object obj;
   void* data = nullptr;
 };
 NewArray new_array(Framework fw, DType dt, const std::vector<int64_t>& shape);
+// The same with int8 elements (q8_0 codes).
+NewArray new_int8_array(Framework fw, const std::vector<int64_t>& shape);
 
 // f32 data for the library: a's memory when it is f32 and C-contiguous, else a converted copy in `tmp`.
 const float* as_f32(const ArrayRef& a, DType dt, std::vector<float>& tmp);

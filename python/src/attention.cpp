@@ -3,7 +3,9 @@
 // (auto.hpp, cpu/calibrate.hpp) for auto's choice.
 //
 // K/V come as one array per segment, (tokens, n_kv_heads, head_dim), or as one array holding every segment's
-// tokens one after another in segment order; any strides whose head_dim axis is dense are read in place.
+// tokens one after another in segment order; any strides whose head_dim axis is dense are read in place. A q8_0
+// K or V is a Q8_0 (q8.hpp) in place of an array: its codes as above, its scales (tokens, n_kv_heads,
+// head_dim / 32) laid out as the codes at 1/32 of their strides (kv.hpp).
 // q is (n_rows, n_q_heads, head_dim); results are o (q's shape and dtype) and lse (n_rows, n_q_heads), float32,
 // in q's framework.
 #include "bindings.hpp"
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "arrays.hpp"
+#include "q8.hpp"
 #include "typed.hpp"
 #include "cascade/cascade.hpp"
 
@@ -30,47 +33,94 @@ namespace cascade::py {
 
 namespace {
 
+// One K or V argument as its views read it: the elements (floats, or q8_0 codes), q8_0's scales, their type.
+struct KvArray {
+  ArrayRef a, scales;
+  DType dt = DType::f32;
+};
+
 // The K/V of a run: the plan's segment views, and the arrays they point into (kept alive for the run).
 struct KvArgs {
-  std::vector<ArrayRef> arrays;
+  std::vector<KvArray> arrays;
   std::vector<KvView> views;
 };
 
 // A stride as the view uses it: 0 where the axis has one element or the array none (any value is valid there).
 int64_t eff_stride(const ArrayRef& a, size_t i) { return a.shape(i) <= 1 || a.size() == 0 ? 0 : a.stride(i); }
 
-// Checks one K or V array of `n_tokens` tokens (n_tokens < 0: any) and returns its dtype.
-DType check_kv_array(const ArrayRef& a, const HeadShape& shape, int64_t n_tokens, Name what) {
-  const DType dt = float_dtype(a, what);
-  check_shape(a, {n_tokens, shape.n_kv_heads, shape.head_dim}, what, "(tokens, n_kv_heads, head_dim)");
+Name part(Name n, const char* field) {
+  n.field = field;
+  return n;
+}
+
+// Checks a K or V array's layout (an array of floats, or a q8_0's codes): a dense head_dim axis, no negative
+// strides.
+void check_kv_strides(const ArrayRef& a, Name what) {
   if (a.shape(2) > 1 && a.size() > 0 && a.stride(2) != 1)
     value_error(what, ": its head_dim axis is strided (stride ", a.stride(2),
                 "); cascade reads K/V rows densely: pass a copy (numpy.ascontiguousarray / .contiguous())");
   if (eff_stride(a, 0) < 0 || eff_stride(a, 1) < 0)
     value_error(what, ": negative strides; pass a copy (numpy.ascontiguousarray / .contiguous())");
-  return dt;
+}
+
+// Reads one K or V argument of `n_tokens` tokens (n_tokens < 0: any): an array of floats, or a Q8_0.
+KvArray read_kv_array(nb::handle h, const HeadShape& shape, int64_t n_tokens, Name what) {
+  KvArray r;
+  const Q8Arrays* q8 = as_q8(h);
+  if (!q8) {
+    r.a = as_array(h, what);
+    if (is_int8(r.a.dtype()))
+      type_error(what, ": int8 elements; q8_0 K/V are passed as cascade.Q8_0(codes, scales)");
+    r.dt = float_dtype(r.a, what);
+    check_shape(r.a, {n_tokens, shape.n_kv_heads, shape.head_dim}, what, "(tokens, n_kv_heads, head_dim)");
+    check_kv_strides(r.a, what);
+    return r;
+  }
+  const Name cn = part(what, "codes"), sn = part(what, "scales");
+  r.a = as_array(q8->codes, cn);
+  r.scales = as_array(q8->scales, sn);
+  r.dt = DType::q8_0;
+  check_q8(r.a, r.scales, cn, sn);
+  check_shape(r.a, {n_tokens, shape.n_kv_heads, shape.head_dim}, cn, "(tokens, n_kv_heads, head_dim)");
+  check_kv_strides(r.a, cn);
+  // A block's scale is found at its codes' offset / 32 (kv.hpp): the scales' strides are the codes' / 32.
+  const ArrayRef &c = r.a, &s = r.scales;
+  if ((s.shape(2) > 1 && s.size() > 0 && s.stride(2) != 1) || eff_stride(s, 0) * kQ8Block != eff_stride(c, 0) ||
+      eff_stride(s, 1) * kQ8Block != eff_stride(c, 1))
+    value_error(sn, ": strides (", eff_stride(s, 0), ", ", eff_stride(s, 1), ", ", s.stride(2), ") are not those of ",
+                cn, " (", eff_stride(c, 0), ", ", eff_stride(c, 1), ", 1) divided by ", kQ8Block,
+                ": cascade finds a block's scale at its codes' offset / ", kQ8Block,
+                "; pass both dense (numpy.ascontiguousarray / .contiguous())");
+  return r;
 }
 
 // A view of tokens [t0, t0 + n) of k and v (checked arrays of the same dtype and strides).
-KvView make_view(const ArrayRef& k, const ArrayRef& v, DType dt, int64_t t0, int64_t n, const HeadShape& shape) {
+KvView make_view(const KvArray& k, const KvArray& v, int64_t t0, int64_t n, const HeadShape& shape) {
   KvView kv;
-  kv.dtype = dt;
+  kv.dtype = k.dt;
   kv.n_tokens = n;
   kv.n_kv_heads = shape.n_kv_heads;
   kv.head_dim = shape.head_dim;
-  kv.stride_token = eff_stride(k, 0);
-  kv.stride_head = eff_stride(k, 1);
-  const int64_t off = t0 * kv.stride_token * dtype_size(dt);
-  kv.k = static_cast<const char*>(k.data()) + off;
-  kv.v = static_cast<const char*>(v.data()) + off;
+  kv.stride_token = eff_stride(k.a, 0);
+  kv.stride_head = eff_stride(k.a, 1);
+  const int64_t off = t0 * kv.stride_token * dtype_size(k.dt);
+  kv.k = static_cast<const char*>(k.a.data()) + off;
+  kv.v = static_cast<const char*>(v.a.data()) + off;
+  if (k.dt == DType::q8_0) {
+    const int64_t scale_off = t0 * kv.stride_token / kQ8Block * int64_t(sizeof(f16));
+    kv.k_scales = static_cast<const char*>(k.scales.data()) + scale_off;
+    kv.v_scales = static_cast<const char*>(v.scales.data()) + scale_off;
+  }
   return kv;
 }
 
-void check_pair(const ArrayRef& k, const ArrayRef& v, DType dk, DType dv, Name kn, Name vn) {
-  if (dk != dv) type_error(vn, ": ", python_dtype_name(dv), " elements but ", kn, " has ", python_dtype_name(dk));
-  if (eff_stride(k, 0) != eff_stride(v, 0) || eff_stride(k, 1) != eff_stride(v, 1))
-    value_error(vn, ": strides (", eff_stride(v, 0), ", ", eff_stride(v, 1), ") differ from ", kn, "'s (",
-                eff_stride(k, 0), ", ", eff_stride(k, 1), "); cascade reads K and V with one layout");
+// K and V of one type and layout (q8_0: the scales' layout follows the codes', checked by read_kv_array).
+void check_pair(const KvArray& k, const KvArray& v, Name kn, Name vn) {
+  if (k.dt != v.dt)
+    type_error(vn, ": ", python_dtype_name(v.dt), " elements but ", kn, " has ", python_dtype_name(k.dt));
+  if (eff_stride(k.a, 0) != eff_stride(v.a, 0) || eff_stride(k.a, 1) != eff_stride(v.a, 1))
+    value_error(vn, ": strides (", eff_stride(v.a, 0), ", ", eff_stride(v.a, 1), ") differ from ", kn, "'s (",
+                eff_stride(k.a, 0), ", ", eff_stride(k.a, 1), "); cascade reads K and V with one layout");
 }
 
 bool is_list(nb::handle h) { return PyList_Check(h.ptr()) || PyTuple_Check(h.ptr()); }
@@ -114,30 +164,27 @@ void kv_views(const Tree& tree, nb::handle k, nb::handle v, nb::handle starts, K
     for (int g = 0; g < n_seg; ++g) {
       const Name kn{"k", g}, vn{"v", g};
       // Borrowed items: the list (or tuple) holds them for the call's duration, the ArrayRefs beyond it.
-      out.arrays.push_back(as_array(PySequence_Fast_GET_ITEM(k.ptr(), g), kn));
-      out.arrays.push_back(as_array(PySequence_Fast_GET_ITEM(v.ptr(), g), vn));
-      const ArrayRef& ka = out.arrays[out.arrays.size() - 2];
-      const ArrayRef& va = out.arrays.back();
-      const DType dk = check_kv_array(ka, shape, tree.n_tokens(g), kn);
-      const DType dv = check_kv_array(va, shape, tree.n_tokens(g), vn);
-      check_pair(ka, va, dk, dv, kn, vn);
-      out.views.push_back(make_view(ka, va, dk, 0, tree.n_tokens(g), shape));
+      out.arrays.push_back(read_kv_array(PySequence_Fast_GET_ITEM(k.ptr(), g), shape, tree.n_tokens(g), kn));
+      out.arrays.push_back(read_kv_array(PySequence_Fast_GET_ITEM(v.ptr(), g), shape, tree.n_tokens(g), vn));
+      const KvArray& ka = out.arrays[out.arrays.size() - 2];
+      const KvArray& va = out.arrays.back();
+      check_pair(ka, va, kn, vn);
+      out.views.push_back(make_view(ka, va, 0, tree.n_tokens(g), shape));
     }
     return;
   }
   int64_t total = 0;
   for (int g = 0; g < n_seg; ++g) total += tree.n_tokens(g);
-  out.arrays.push_back(as_array(k, {"k"}));
-  out.arrays.push_back(as_array(v, {"v"}));
-  const ArrayRef& ka = out.arrays[0];
-  const ArrayRef& va = out.arrays[1];
   const int64_t n_tokens = starts.is_none() ? total : -1;  // with starts: any, as long as every segment fits
-  const DType dk = check_kv_array(ka, shape, n_tokens, {"k"}), dv = check_kv_array(va, shape, n_tokens, {"v"});
-  check_pair(ka, va, dk, dv, {"k"}, {"v"});
-  if (ka.shape(0) != va.shape(0))
-    value_error("v: ", va.shape(0), " tokens but k has ", ka.shape(0), "; K and V hold the same tokens");
-  const std::vector<int64_t> t0 = segment_starts(tree, starts, int64_t(ka.shape(0)));
-  for (int g = 0; g < n_seg; ++g) out.views.push_back(make_view(ka, va, dk, t0[size_t(g)], tree.n_tokens(g), shape));
+  out.arrays.push_back(read_kv_array(k, shape, n_tokens, {"k"}));
+  out.arrays.push_back(read_kv_array(v, shape, n_tokens, {"v"}));
+  const KvArray& ka = out.arrays[0];
+  const KvArray& va = out.arrays[1];
+  check_pair(ka, va, {"k"}, {"v"});
+  if (ka.a.shape(0) != va.a.shape(0))
+    value_error("v: ", va.a.shape(0), " tokens but k has ", ka.a.shape(0), "; K and V hold the same tokens");
+  const std::vector<int64_t> t0 = segment_starts(tree, starts, int64_t(ka.a.shape(0)));
+  for (int g = 0; g < n_seg; ++g) out.views.push_back(make_view(ka, va, t0[size_t(g)], tree.n_tokens(g), shape));
 }
 
 // One run's q and results: q read as f32 (in place when it is f32 and dense), o and lse made fresh in q's
@@ -199,17 +246,27 @@ DType parse_kv_dtype(nb::handle h) {
   if (s == "float32" || s == "f32") return DType::f32;
   if (s == "float16" || s == "f16") return DType::f16;
   if (s == "bfloat16" || s == "bf16") return DType::bf16;
-  value_error("kv_dtype: expected float32, float16 or bfloat16, got '", s, "'");
+  if (s == "q8_0") return DType::q8_0;
+  value_error("kv_dtype: expected float32, float16, bfloat16 or q8_0, got '", s, "'");
 }
 
-// auto without a given cost model: one calibration per (threads, KV heads, head dim), kept for the process.
-CostModel calibrated(int n_threads, const HeadShape& shape) {
+// kv_dtype as parse_kv_dtype reads it, checked against a head dim: q8_0 needs a multiple of 32.
+DType kv_dtype_for(nb::handle h, int head_dim) {
+  const DType dt = parse_kv_dtype(h);
+  if (dt == DType::q8_0 && head_dim % kQ8Block != 0)
+    value_error("kv_dtype: q8_0 K/V need a head_dim that is a multiple of ", kQ8Block, ", got ", head_dim);
+  return dt;
+}
+
+// auto without a given cost model: one calibration per (threads, KV heads, head dim, K/V type), kept for the
+// process.
+CostModel calibrated(int n_threads, const HeadShape& shape, DType kv_dtype) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int>, CostModel> models;
+  static std::map<std::tuple<int, int, int, DType>, CostModel> models;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(n_threads, shape.n_kv_heads, shape.head_dim);
+  const auto key = std::make_tuple(n_threads, shape.n_kv_heads, shape.head_dim, kv_dtype);
   auto it = models.find(key);
-  if (it == models.end()) it = models.emplace(key, calibrate(n_threads, shape)).first;
+  if (it == models.end()) it = models.emplace(key, calibrate(n_threads, shape, kv_dtype)).first;
   return it->second;
 }
 
@@ -247,7 +304,10 @@ PyPlan make_plan(const PlanOptions& o, const std::function<Tree(const HeadShape&
   if (o.scale && !(*o.scale > 0.0f)) value_error("scale: must be positive, got ", *o.scale);
   if (o.window < 0) value_error("window: must be >= 0 (0: none), got ", o.window);
   const HeadShape shape{o.n_q_heads, o.n_kv_heads, o.head_dim};
-  const DType kv_dtype = parse_kv_dtype(o.kv_dtype);
+  const DType kv_dtype = kv_dtype_for(o.kv_dtype, o.head_dim);
+  if (o.cost_model && o.cost_model->kv_dtype && *o.cost_model->kv_dtype != kv_dtype)
+    value_error("cost_model: calibrated on ", python_dtype_name(*o.cost_model->kv_dtype), " K/V, but kv_dtype is '",
+                python_dtype_name(kv_dtype), "' (CostModel.calibrate(kv_dtype=...) measures that type's kernels)");
   Tree tree = tree_of(shape, o.scale.value_or(0.0f), o.window);
   PyPlan p;
   p.method = o.method;
@@ -256,7 +316,7 @@ PyPlan make_plan(const PlanOptions& o, const std::function<Tree(const HeadShape&
   cpu::Options opt{o.threads, nullptr, kv_dtype};
   CostModel model;
   if (o.method == "auto") {
-    model = o.cost_model ? *o.cost_model : calibrated(o.threads, shape);
+    model = o.cost_model ? *o.cost_model : calibrated(o.threads, shape, kv_dtype);
     opt.cost_model = &model;
   }
   p.plan = cpu::plan(std::move(tree), opt);
@@ -334,8 +394,9 @@ constexpr const char* kPlanDoc =
     "last `window` keys up to and including its own position, as Gemma 3's and Mistral's windowed layers do.\n"
     "method: 'cascade' (every segment attended once by all the queries below it)\n"
     "or 'auto' (each segment shared or folded into its sequences as a cost model predicts faster; cost_model:\n"
-    "a CostModel, or None to calibrate once per process). kv_dtype: the K/V type auto prices. threads: 0 for\n"
-    "all of the machine's.\n\n"
+    "a CostModel, or None to calibrate once per process). kv_dtype: the K/V type auto prices ('float32',\n"
+    "'float16', 'bfloat16' or 'q8_0'; a cost_model measured on another type is refused). threads: 0 for all of\n"
+    "the machine's.\n\n"
     "Query rows are laid out sequence after sequence: sequence s owns rows [row_begin[s], row_begin[s] +\n"
     "n_query[s]).";
 
@@ -351,12 +412,12 @@ constexpr const char* kRunDoc =
     "Attention of one layer: returns (o, lse).\n\n"
     "k, v: a list of one array per segment, (tokens, n_kv_heads, head_dim), or one array holding every\n"
     "segment's tokens, one segment after another or where starts= says (starts[g]: the token segment g begins\n"
-    "at, in any order: a cache buffer with the segments anywhere in it); float32, float16 or bfloat16; read in\n"
-    "place (any strides with a dense head_dim axis, K and V with the same layout). q: (n_rows, n_q_heads,\n"
-    "head_dim), float32, float16 or bfloat16. o has q's shape and dtype, lse is (n_rows, n_q_heads) float32\n"
-    "(natural log; -inf for a row that sees no key, whose o is 0); both in q's framework, or written into out=\n"
-    "and lse= (C-contiguous). Computed in float32; the GIL is released meanwhile, so threads may run plans at\n"
-    "once.";
+    "at, in any order: a cache buffer with the segments anywhere in it); float32, float16 or bfloat16, or q8_0\n"
+    "as a Q8_0(codes, scales) in place of each array (quantize_q8_0 makes one); read in place (any strides\n"
+    "with a dense head_dim axis, K and V with the same layout). q: (n_rows, n_q_heads, head_dim), float32,\n"
+    "float16 or bfloat16. o has q's shape and dtype, lse is (n_rows, n_q_heads) float32 (natural log; -inf for\n"
+    "a row that sees no key, whose o is 0); both in q's framework, or written into out= and lse=\n"
+    "(C-contiguous). Computed in float32; the GIL is released meanwhile, so threads may run plans at once.";
 
 }  // namespace
 
@@ -365,21 +426,32 @@ void bind_attention(nb::module_& m) {
                         "auto's cost model of this machine: calibrate() measures one, save()/load() keep it.")
       .def_static(
           "calibrate",
-          [](int threads, int n_kv_heads, int head_dim) {
+          [](int threads, int n_kv_heads, int head_dim, nb::handle kv_dtype) {
             if (threads < 0) value_error("threads: must be >= 0 (0: all), got ", threads);
+            const DType dt = kv_dtype_for(kv_dtype, head_dim);
             nb::gil_scoped_release release;
-            return calibrate(threads, HeadShape{n_kv_heads, n_kv_heads, head_dim});
+            return calibrate(threads, HeadShape{n_kv_heads, n_kv_heads, head_dim}, dt);
           },
           nb::arg("threads") = 0, nb::arg("n_kv_heads") = 4, nb::arg("head_dim") = 64,
-          "Fits the cost model on this machine (about half a second), with the head shape it will price.")
+          nb::arg("kv_dtype") = "float16",
+          "Fits the cost model on this machine (about half a second), with the head shape and K/V type it will\n"
+          "price: the kernels run on kv_dtype's elements ('float32', 'float16', 'bfloat16' or 'q8_0').")
       .def_static("load", &CostModel::load, nb::arg("path"), "Reads a profile written by save().")
       .def_static("parse", &CostModel::parse, nb::arg("text"), "Reads a profile from str(model).")
       .def("save", &CostModel::save, nb::arg("path"))
       .def("__str__", &CostModel::to_string)
       .def("__repr__", [](const CostModel& c) {
         return cat("CostModel(threads=", c.n_threads, ", n_kv_heads=", c.n_kv_heads, ", head_dim=", c.head_dim,
+                   ", kv_dtype=", c.kv_dtype ? cat("'", python_dtype_name(*c.kv_dtype), "'") : "None",
                    ", read_bw=", c.read_bw / 1e9, " GB/s)");
       })
+      .def_prop_ro(
+          "kv_dtype",
+          [](const CostModel& c) -> std::optional<std::string> {
+            if (!c.kv_dtype) return std::nullopt;
+            return python_dtype_name(*c.kv_dtype);
+          },
+          "The K/V type it was measured on (None: not recorded); a plan of another kv_dtype refuses it.")
       .def_ro("threads", &CostModel::n_threads)
       .def_ro("n_kv_heads", &CostModel::n_kv_heads)
       .def_ro("head_dim", &CostModel::head_dim)
@@ -501,7 +573,7 @@ void bind_attention(nb::module_& m) {
       .def(
           "kernels",
           [](const PyPlan& p, nb::handle kv_dtype) {
-            const DType dt = parse_kv_dtype(kv_dtype);
+            const DType dt = kv_dtype_for(kv_dtype, p.plan.shape().head_dim);
             nb::dict d;
             for (const Schedule::Pass& ps : p.plan.schedule().passes)
               d[ps.kernel == cpu::kTiledKernel ? "shared" : "per_sequence"] =

@@ -80,6 +80,9 @@ GenerateParams params_of(const GenerateArgs& a) {
   }
   if (a.cost_model && p.attn != AttnMethod::auto_)
     value_error("cost_model: given with attn='", a.attn, "' (it is for 'auto')");
+  if (a.cost_model && a.cost_model->kv_dtype && *a.cost_model->kv_dtype != kv_dtype)
+    value_error("cost_model: calibrated on ", python_dtype_name(*a.cost_model->kv_dtype), " K/V, but kv_type is '",
+                a.kv_type, "' (CostModel.calibrate(kv_dtype=...) measures that type's kernels)");
   if (a.cost_model && a.recalibrate)
     value_error("recalibrate: given with a cost_model (there is nothing to measure)");
   if (a.recalibrate && p.attn != AttnMethod::auto_)

@@ -20,6 +20,7 @@ NB_MODULE(_cascade, m) {
     }
   });
   cascade::py::bind_states(m);
+  cascade::py::bind_q8(m);
   cascade::py::bind_attention(m);
   cascade::py::bind_generate(m);
 }

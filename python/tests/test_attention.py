@@ -97,6 +97,25 @@ def test_auto_fresh_calibration_and_saved_profile(rng, tmp_path, cost_model):
         assert_close(p.run(k, v, q)[0], ref_o, np.float32, "auto o")
 
 
+def test_cost_model_records_its_kv_type(cost_model):
+    # auto's rates are measured on one K/V type's kernels: a profile keeps the type and prices only it.
+    assert cost_model.kv_dtype == "float16" and "kv_dtype='float16'" in repr(cost_model)
+    q8 = cascade.CostModel.calibrate(threads=1, n_kv_heads=2, head_dim=64, kv_dtype="q8_0")
+    assert q8.kv_dtype == "q8_0" and cascade.CostModel.parse(str(q8)).kv_dtype == "q8_0"
+    options = dict(n_q_heads=4, n_kv_heads=2, head_dim=64, method="auto")
+    assert cascade.Plan.two_level(300, [20, 5], cost_model=q8, kv_dtype="q8_0", **options).choice is not None
+    with pytest.raises(ValueError, match=r"^cost_model: calibrated on q8_0 K/V, but kv_dtype is 'float16'"):
+        cascade.Plan.two_level(300, [20, 5], cost_model=q8, **options)
+    with pytest.raises(ValueError, match=r"^cost_model: calibrated on float16 K/V, but kv_dtype is 'bfloat16'"):
+        cascade.Plan.two_level(300, [20, 5], cost_model=cost_model, kv_dtype="bfloat16", **options)
+    # A profile that does not say (saved before profiles recorded it) prices any type.
+    untyped = cascade.CostModel.parse("cascade-cost-model 1\nread_bw 1e10\n")
+    assert untyped.kv_dtype is None
+    assert cascade.Plan.two_level(300, [20, 5], cost_model=untyped, kv_dtype="q8_0", **options).choice is not None
+    with pytest.raises(ValueError, match=r"^kv_dtype: q8_0 K/V need a head_dim that is a multiple of 32, got 48$"):
+        cascade.CostModel.calibrate(head_dim=48, kv_dtype="q8_0")
+
+
 def test_two_level_independent_and_one_concatenated_array(rng):
     hq, hkv, d = 8, 2, 64
     n_own = [7, 0, 31, 3]
@@ -209,7 +228,7 @@ def test_bad_arguments_name_the_argument(rng):
         cascade.Plan([1, 2], [[5]], n_q_heads=1, n_kv_heads=1, head_dim=8)
     with pytest.raises(ValueError, match=r"^method: expected 'cascade' or 'auto'"):
         cascade.Plan([1], [[0]], n_q_heads=1, n_kv_heads=1, head_dim=8, method="split")
-    with pytest.raises(ValueError, match=r"^kv_dtype: expected float32, float16 or bfloat16"):
+    with pytest.raises(ValueError, match=r"^kv_dtype: expected float32, float16, bfloat16 or q8_0"):
         cascade.Plan([1], [[0]], n_q_heads=1, n_kv_heads=1, head_dim=8, kv_dtype="int8")
     with pytest.raises(TypeError, match=r"^n_query: expected an int or a list of ints"):
         cascade.Plan([1], [[0]], "x", n_q_heads=1, n_kv_heads=1, head_dim=8)
@@ -248,16 +267,18 @@ def test_sliding_window_against_reference(rng, method, cost_model):
 def test_plan_names_its_kernels():
     import re
 
-    name = re.compile(r"^(portable|avx2|avx512) (tiled|few-rows) (f32|bf16-dot|amx-bf16)$")
+    name = re.compile(r"^(portable|avx2|avx512) (tiled|few-rows) (f32|bf16-dot|amx-bf16|int8-dot)$")
     # 8 sequences x 4 query heads per KV head below the prefix: the shared pass stacks 32 rows per KV head.
     plan = cascade.Plan.two_level(1000, [50] * 8, n_q_heads=8, n_kv_heads=2, head_dim=64)
-    for kv in ("float32", "float16", "bfloat16"):
+    for kv in ("float32", "float16", "bfloat16", "q8_0"):
         k = plan.kernels(kv)
         assert set(k) == {"shared", "per_sequence"}
         assert all(name.match(v) for v in k.values()), k
         assert k["shared"].split()[1] == "tiled"
-        if kv != "bfloat16":
+        if kv in ("float32", "float16"):
             assert k["shared"].endswith(" f32") and k["per_sequence"].endswith(" f32")
+        if kv != "q8_0":
+            assert "int8-dot" not in k["shared"] + k["per_sequence"]
     assert plan.kernels() == plan.kernels("float16")
     # One sequence alone: no shared pass.
     alone = cascade.Plan.two_level(0, [50], n_q_heads=8, n_kv_heads=2, head_dim=64)

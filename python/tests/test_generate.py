@@ -214,5 +214,7 @@ def test_bad_arguments(model):
         model.generate("x", kv_type="int4")
     with pytest.raises(ValueError, match=r"^cost_model: given with attn='cascade'"):
         model.generate("x", attn="cascade", cost_model=cascade.CostModel.parse("cascade-cost-model 1\n"))
+    with pytest.raises(ValueError, match=r"^cost_model: calibrated on float16 K/V, but kv_type is 'q8_0'"):
+        model.generate("x", kv_type="q8_0", cost_model=cascade.CostModel.parse("cascade-cost-model 1\nkv_type f16\n"))
     with pytest.raises(ValueError, match=r"cannot open|No such file|cannot read"):
         cascade.Model("/nonexistent/model.gguf")

@@ -201,3 +201,35 @@ def test_one_cache_tensor_with_starts_against_sdpa(rng, dtype):
     v = [cache_v[s:s + n] for s, n in zip(starts, plan.segments)]
     ref = sdpa(k, v, q, plan.paths, plan.n_query, default_scale(64))
     close(o, ref, dtype, f"cache tensor {dtype}")  # bf16 K/V may be multiplied as bf16 (q rounded to it)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_q8_0_tensors_as_numpy_arrays(rng, dtype):
+    # q8_0 K/V as int8 and float16 tensors: quantize_q8_0 in torch gives NumPy's codes and scales, and a plan reads
+    # them in place (a view of a cache tensor too) to the same result as from the NumPy arrays.
+    hq, hkv, d = 8, 2, 64
+    plan = cascade.Plan.two_level(37, [5, 11, 2], n_q_heads=hq, n_kv_heads=hkv, head_dim=d, kv_dtype="q8_0")
+    x = torch.from_numpy(rng.uniform(-1, 1, (2, 128, 2 * hkv, d)).astype(np.float32)).to(dtype)
+    cache = cascade.quantize_q8_0(x)
+    codes, scales = cache
+    assert isinstance(codes, torch.Tensor) and codes.dtype == torch.int8 and codes.shape == x.shape
+    assert isinstance(scales, torch.Tensor) and scales.dtype == torch.float16 and scales.shape == (2, 128, 4, 2)
+    np_codes, np_scales = cascade.quantize_q8_0(x.float().numpy())
+    assert np.array_equal(codes.numpy(), np_codes) and np.array_equal(scales.numpy(), np_scales)
+    y = cache.dequantize()
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.float32
+    assert torch.equal(y, codes.float() * scales.float().repeat_interleave(32, dim=-1))
+    starts = [90, 3, 60, 40]
+    k = cascade.Q8_0(codes[0, :, :hkv], scales[0, :, :hkv])  # the first two heads: a strided view
+    v = cascade.Q8_0(codes[1, :, :hkv], scales[1, :, :hkv])
+    q = torch.from_numpy(rng.uniform(-1, 1, (plan.n_rows, hq, d)).astype(np.float32))
+    o, lse = plan.run(k, v, q, starts=starts)
+    assert isinstance(o, torch.Tensor) and o.dtype == torch.float32
+    k_np = cascade.Q8_0(np_codes[0, :, :hkv], np_scales[0, :, :hkv])
+    v_np = cascade.Q8_0(np_codes[1, :, :hkv], np_scales[1, :, :hkv])
+    o_np, lse_np = plan.run(k_np, v_np, q.numpy(), starts=starts)
+    assert np.array_equal(o.numpy(), o_np) and np.array_equal(lse.numpy(), lse_np)
+    seg = [y[:, s:s + n, :hkv].double() for s, n in zip(starts, plan.segments)]
+    ref = sdpa([t[0] for t in seg], [t[1] for t in seg], q, plan.paths, plan.n_query, default_scale(d))
+    err = (o.double() - ref).abs() - (5e-3 + 1e-2 * ref.abs())  # q off the q8_0 grid (test_q8.py's OFF_GRID)
+    assert err.max().item() <= 0, f"q8_0 tensors against SDPA on their values: excess {err.max().item():.3g}"

@@ -146,16 +146,20 @@ inline double read_bandwidth(int n_threads, int64_t bytes) {
 // cache (64 to 256 MiB), because a decode step finds most K/V in memory, not in cache (the layers
 // and weights read since the last step have evicted it). So a segment folded into several passes
 // costs its full memory traffic each time, and folding is chosen only where it saves more than that.
+// The model records kv_dtype: auto refuses it for K/V of another type.
 inline CostModel calibrate(int n_threads = 0, const HeadShape& like = HeadShape{4, 4, 64},
                            DType kv_dtype = DType::f16) {
   using namespace calibrate_detail;
   CASCADE_CHECK(n_threads >= 0, "calibrate: n_threads is negative (", n_threads, ")");
   CASCADE_CHECK(like.n_kv_heads > 0 && like.head_dim > 0, "calibrate: bad head shape ", like.n_kv_heads, " KV heads of ",
                 like.head_dim);
+  CASCADE_CHECK(kv_dtype != DType::q8_0 || like.head_dim % kQ8Block == 0, "calibrate: q8_0 K/V need a head dim that is "
+                "a multiple of ", kQ8Block, " (got ", like.head_dim, ")");
   CostModel c;
   c.n_threads = n_threads;
   c.n_kv_heads = like.n_kv_heads;
   c.head_dim = like.head_dim;
+  c.kv_dtype = kv_dtype;
   const HeadShape shape{like.n_kv_heads, like.n_kv_heads, like.head_dim};
   const cpu::Options opt{n_threads};
   std::mt19937 rng(7);
