@@ -5,8 +5,10 @@
 //
 // Quantizing a block: d = f16(max_i |x_i| / 127), code_i = round(x_i / d) to nearest (ties to even), clamped to
 // [-127, 127]; an all-zero block gets d = 0 and zero codes. The codes are rounded against the stored (f16) scale,
-// so |code_i * d - x_i| <= d / 2 for every element (d at most f16's largest value), and quantizing a block's
-// dequantized values again gives the same codes and scale (d a normal f16). A block holding a NaN or an infinity
+// so |code_i * d - x_i| <= d / 2 for every element where d is a normal f16 (max |x| from 127 * 2^-14, about 7.8e-3,
+// to f16's largest value times 127; below, the subnormal scale's coarser rounding can put max |x| / d past 127,
+// and the clamped codes further off), and quantizing a block's dequantized values again gives the same codes and
+// scale (d a normal f16). A block holding a NaN or an infinity
 // gets d = NaN and zero codes: every element of it reads as NaN, as it would from an f16 cache.
 #pragma once
 
