@@ -49,7 +49,7 @@ namespace linear = cascade::linear;
 void usage() {
   std::printf(
       "usage: cascade-bench-linear [options]\n"
-      "  --shape LIST      smollm2-135m (default), llama3.2-1b, llama3-8b\n"
+      "  --shape LIST      smollm2-135m (default), llama3.2-1b, llama3-8b, gemma3-270m\n"
       "  --rows LIST       rows of X, i.e. tokens of a step (default 1,8,32,128,512)\n"
       "  --type LIST       weight types: q4_0, q4_1, q8_0, q4_K, q5_K, q6_K, f16, bf16, f32 (default q4_1,q8_0)\n"
       "  --path LIST       active (the default path), portable, avx2, avx-vnni, avx512-vnni, f32 (weights\n"
@@ -88,6 +88,7 @@ const std::map<std::string, Shape>& shapes() {
   static const std::map<std::string, Shape> s = {
       {"smollm2-135m", {"smollm2-135m", 576, 576, 192, 1536, 49152, 30, 30}},
       {"llama3.2-1b", {"llama3.2-1b", 2048, 2048, 512, 8192, 128256, 16, 4}},
+      {"gemma3-270m", {"gemma3-270m", 640, 1024, 256, 2048, 262144, 18, 18}},
       {"llama3-8b", {"llama3-8b", 4096, 4096, 1024, 14336, 128256, 32, 1}},
   };
   return s;
