@@ -89,7 +89,15 @@ inline Target target(int n_threads, int head_dim, const KernelOptions& kernels =
   return t;
 }
 inline Target target(const Options& opt, int head_dim) {
-  return target(opt.n_threads, head_dim, opt.kernels ? *opt.kernels : KernelOptions::process());
+  Target t = target(opt.n_threads, head_dim, opt.kernels ? *opt.kernels : KernelOptions::process());
+  // Blocks buy nothing where a kernel for the K/V type has no batch-invariant order (bf16 or int8 products, the
+  // portable tier): none there.
+  if (!t.kernel_choices(kTiledKernel, opt.kv_dtype).batch_invariant ||
+      !t.kernel_choices(kFewRowsKernel, opt.kv_dtype).batch_invariant) {
+    t.block = t.fold = 0;
+    t.chunk_align = 1;
+  }
+  return t;
 }
 
 // The plan of a step's tree on this machine (auto's regrouping first when opt.cost_model is set).
