@@ -411,6 +411,8 @@ inline Schedule make_schedule(const Tree& tree, const Target& target) {
   }
   Target t = target;
   if (tree.window() > 0) t.block = 0;  // blocks and sliding windows: not implemented (docs/serving.md)
+  for (int q = 0; q < tree.n_sequences(); ++q)  // no blocks past 2^31 keys: states per block would not fit
+    if (tree.sequence(q).n_keys > (int64_t(1) << 31)) t.block = 0;
   if (t.block > 0) schedule_detail::align_passes(s, tree, row_leaf, t.block);
   s.block = t.block;
   s.fold = t.block > 0 && t.fold > t.block ? t.fold : 0;

@@ -406,14 +406,17 @@ inline void attend_keys(const Plan& plan, const std::vector<KvView>& kv, const S
 // A batch-invariant block: keys [a, b) of an item's pass in one running state, whatever segments it spans. Each
 // segment's keys are read in place, the state carried from call to call (Scratch::carry_in, carry_out); around a
 // join off a multiple of kTileStep, the step's keys are copied into one view (gather_keys), so that every step
-// holds the keys one call over one view would give it. A kernel without the invariant order (bf16 or int8 products)
-// attends the block segment by segment (attend_keys).
+// holds the keys one call over one view would give it. A kernel without the invariant order (bf16 or int8 products),
+// or segments of different K/V types, attend the block segment by segment (attend_keys).
 inline void attend_block(const Plan& plan, const std::vector<KvView>& kv, const Schedule::Item& it, int64_t a,
                          int64_t b, ItemScratch& s, float* o, float* lse) {
   const Schedule& sc = plan.schedule();
   const Schedule::Pass& ps = sc.passes[size_t(it.pass)];
   const DType dt = kv[size_t(sc.segs[size_t(ps.seg_begin)].seg)].dtype;
-  if (!plan.target().kernel_choices(ps.kernel, dt).batch_invariant)
+  bool one_type = true;  // segments of other K/V types take other kernels: nothing to carry between them
+  for (int64_t k = ps.seg_begin; k < ps.seg_end; ++k)
+    one_type = one_type && kv[size_t(sc.segs[size_t(k)].seg)].dtype == dt;
+  if (!one_type || !plan.target().kernel_choices(ps.kernel, dt).batch_invariant)
     return attend_keys(plan, kv, it, a, b, s, o, lse);  // no invariant order to keep: segment by segment
   std::vector<int64_t> cut{a, b};  // call boundaries
   for (int64_t k = ps.seg_begin + 1; k < ps.seg_end; ++k) {
