@@ -421,15 +421,26 @@ TEST_CASE("chains of segments with the same rows run as one pass, items straddli
       store.push_back(test::make_segment(rng, c.dtype, len, 2, 64, c.paged, 1.0f));
       views.push_back(store.back()->view);
     }
-    const Plan plan = cpu::plan(Tree::build(c.shape, c.seg_len, c.tree.paths, c.n_query), {c.n_threads});
-    const Schedule& sc = plan.schedule();
-    REQUIRE(sc.passes.size() == 3);
-    std::vector<std::vector<int>> segs;
-    for (const Schedule::Pass& ps : sc.passes) {
-      segs.emplace_back();
-      for (int64_t k = ps.seg_begin; k < ps.seg_end; ++k) segs.back().push_back(sc.segs[size_t(k)].seg);
+    // Without batch-invariant blocks the passes are the chains; with them, each pass below the first starts with
+    // the first's keys past its last multiple of the block (schedule.hpp), pieces of segments 0 and 1.
+    const Tree tree = Tree::build(c.shape, c.seg_len, c.tree.paths, c.n_query);
+    for (bool blocks : {false, true}) {
+      CAPTURE(blocks);
+      cpu::KernelOptions ko = cpu::KernelOptions::process();
+      ko.batch_invariant = blocks;
+      const Plan plan = cpu::plan(tree, cpu::Options{c.n_threads, nullptr, c.dtype, ko});
+      const Schedule& sc = plan.schedule();
+      REQUIRE(sc.passes.size() == 3);
+      std::vector<std::vector<int>> segs;
+      for (const Schedule::Pass& ps : sc.passes) {
+        segs.emplace_back();
+        for (int64_t k = ps.seg_begin; k < ps.seg_end; ++k) {
+          const int g = sc.segs[size_t(k)].seg;
+          if (!blocks || g >= 3 || ps.seg_begin == 0) segs.back().push_back(g);
+        }
+      }
+      CHECK(segs == std::vector<std::vector<int>>{{0, 1, 2}, {3, 5}, {4}});
     }
-    CHECK(segs == std::vector<std::vector<int>>{{0, 1, 2}, {3, 5}, {4}});
   }
   check(rng, c);
   // Several queries at the end of a one-sequence chain: the causal limit applies in the last segment only.

@@ -208,6 +208,45 @@ TEST_CASE("generate: a sequence samples the same text whatever the method and th
   CHECK(a.sequences[0].tokens != a.sequences[1].tokens);  // own streams
 }
 
+// The default path (int8 linear layers, f16 K/V) is batch-invariant (docs/serving.md, "Determinism"): a prompt's
+// tokens, greedy or seeded, do not depend on the sequences beside it, the attention method (unified aside), the
+// prefill's chunks or the segmentation of the prompt tree.
+TEST_CASE("generate: on the default path a prompt's tokens are the same alone or beside others, any method but "
+          "unified, any prefill chunks") {
+  require_model();
+  const Loaded& m = loaded();
+  std::vector<std::vector<int32_t>> prompts;
+  for (const std::string& p : kPrompts) prompts.push_back(m.tok.encode(p));
+  const auto eog = [&](int32_t id) { return m.tok.is_eog(id); };
+  for (float temp : {0.0f, 0.8f}) {
+    CAPTURE(temp);
+    GenerateParams gp;
+    gp.n_predict = 24;
+    gp.sampling.temp = temp;
+    gp.sampling.seed = 7;
+    gp.n_parallel = 1;
+    gp.attn = AttnMethod::cascade;
+    const GenerateResult alone = generate(m.model, {prompts[0]}, gp, eog);
+    REQUIRE(alone.sequences.size() == 1);
+    struct Step {
+      AttnMethod attn;
+      int n_parallel, n_batch;
+    };
+    for (const Step& r : {Step{AttnMethod::cascade, 4, 7}, Step{AttnMethod::split, 8, 512},
+                          Step{AttnMethod::auto_, 4, 512}}) {
+      CAPTURE(attn_method_name(r.attn));
+      CAPTURE(r.n_parallel);
+      gp.attn = r.attn;
+      gp.n_parallel = r.n_parallel;
+      gp.n_batch = r.n_batch;
+      const GenerateResult res = generate(m.model, prompts, gp, eog);
+      REQUIRE(res.sequences.size() == prompts.size() * size_t(r.n_parallel));
+      CHECK(res.sequences[0].tokens == alone.sequences[0].tokens);
+      if (temp == 0.0f) CHECK(res.sequences[size_t(r.n_parallel) - 1].tokens == alone.sequences[0].tokens);
+    }
+  }
+}
+
 TEST_CASE("generate: a prefill in small chunks gives the same text as one pass (f32 path)") {
   require_model();
   const Loaded& m = loaded();

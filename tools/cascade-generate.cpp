@@ -5,7 +5,7 @@
 //                    [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--presence-penalty P]
 //                    [--frequency-penalty F] [-s SEED] [--attn auto|cascade|split|unified]
 //                    [--cost-model FILE] [--recalibrate] [--kv-type f16|bf16|q8_0|f32] [--chat] [--ignore-eos]
-//                    [--stats-every N] [--stream] [--json]
+//                    [--stats-every N] [--stream] [--json] [--nondeterministic]
 //
 // stdout: each sequence's text (or, with --json, one JSON object). stderr: the startup line, notes, the
 // periodic `decode[STEP]: X ms, avg Y ms` lines and the final timings. Any problem: exactly one line
@@ -85,6 +85,9 @@ constexpr const char* kUsage =
     "  --cost-model FILE     auto's profile from FILE instead of the cache: read when FILE exists, else\n"
     "                        calibrated at the start and written to FILE\n"
     "  --recalibrate         calibrate auto's profile anew and store it (in the cache, or FILE)\n"
+    "  --nondeterministic    attention in a faster order whose last bits depend on the other sequences\n"
+    "                        of a step (docs/serving.md: Determinism); default: a request's tokens\n"
+    "                        depend on the request alone\n"
     "  --kv-type TYPE        K/V storage: f16 (default), bf16 (multiplied on bf16 dot products where the\n"
     "                        CPU runs them faster than f32 FMAs), q8_0 (int8 codes and a scale per 32 values,\n"
     "                        about half of f16's bytes, as llama.cpp's -ctk q8_0 -ctv q8_0) or f32\n"
@@ -193,6 +196,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
       CASCADE_CHECK(!o.cost_model->empty(), "--cost-model needs a file name");
     } else if (a == "--recalibrate") {
       o.recalibrate = true;
+    } else if (a == "--nondeterministic") {
+      cascade::cpu::set_batch_invariant(false);
     } else if (a == "--kv-type") {
       const std::string v = value();
       CASCADE_CHECK(v == "f16" || v == "bf16" || v == "q8_0" || v == "f32",

@@ -5,7 +5,7 @@
 //   cascade-server [-m MODEL.gguf] [--host H] [--port P] [-np N] [-c N] [-t N] [-b N] [--queue N]
 //                  [--attn auto|cascade|split|unified] [--kv-budget MIB] [--kv-type f16|bf16|q8_0|f32]
 //                  [--api-key KEY] [--chat-template NAME|FILE] [--alias NAME] [--max-tokens N] [--http-threads N]
-//                  [--max-body BYTES]
+//                  [--max-body BYTES] [--nondeterministic]
 //                  [--read-timeout S] [--request-timeout S] [--idle-timeout S] [--shutdown-timeout S]
 //
 // stderr: one line when listening (`cascade-server: listening on http://HOST:PORT ...`), one when stopping.
@@ -65,6 +65,9 @@ constexpr const char* kUsage =
     "                          with masks, as llama.cpp)\n"
     "  --kv-budget MIB         K/V kept, cached prefixes included; unused cached prefixes are evicted least\n"
     "                          recently used first (default: 2 x -np x -c tokens' worth)\n"
+    "  --nondeterministic      attention in a faster order whose last bits depend on the other sequences\n"
+    "                          of a step (docs/serving.md: Determinism); default: a request's tokens\n"
+    "                          depend on the request alone\n"
     "  --kv-type TYPE          K/V storage: f16 (default), bf16 (multiplied on bf16 dot products where the\n"
     "                          CPU runs them faster than f32 FMAs), q8_0 (int8 codes and a scale per 32\n"
     "                          values, about half of f16's bytes, as llama.cpp's -ctk q8_0 -ctv q8_0) or f32\n"
@@ -135,6 +138,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
       o.engine.attn = cascade::parse_attn_method(value());
     } else if (a == "--kv-budget") {
       o.kv_budget_mib = parse_int(a, value(), 1, int64_t(1) << 30);
+    } else if (a == "--nondeterministic") {
+      cascade::cpu::set_batch_invariant(false);
     } else if (a == "--kv-type") {
       const std::string v = value();
       CASCADE_CHECK(v == "f16" || v == "bf16" || v == "q8_0" || v == "f32",

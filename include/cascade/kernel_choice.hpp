@@ -37,6 +37,9 @@ struct KernelChoice {
   KernelShape shape = KernelShape::tiled;
   Isa tier = Isa::portable;  // portable: Eigen products, head by head, whatever the shape
   Products products = Products::f32;
+  // f32 products on the AVX2 or AVX-512 tier in the batch-invariant order: the few-rows shape computes a row's
+  // state with the tiled shape's operations (FewExactF32), so a row's (o, lse) has the same bits on either shape.
+  bool batch_invariant = false;
   friend bool operator==(const KernelChoice&, const KernelChoice&) = default;
   // "avx512 tiled bf16-dot"
   std::string name() const {

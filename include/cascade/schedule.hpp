@@ -14,11 +14,22 @@
 //      (flash-decoding style) so that even one sequence with one KV head keeps every worker busy; a tile's
 //      work stops at the last key its rows can see.
 //   3. Merge. Every output (row, q head) is the exact merge (state.hpp) of the partial states listed in
-//      out_slots[out_begin[i], out_begin[i + 1]), i = row * n_q_heads + qh; no slot: the empty state.
+//      out_slots[out_begin[i], out_begin[i + 1]), i = row * n_q_heads + qh, in key order; no slot: the empty state.
 //
-// Partial states live in `slots`: item it writes the state of KV head it.kvh + h and stacked row e to slot
-// it.slot + h * (it.e1 - it.e0) + (e - it.e0). A workspace holds o (n_slots, head_dim) then lse (n_slots),
-// natural log: n_slots * (head_dim + 1) floats.
+// Batch-invariant blocks (Target::block = C > 0). A row's keys are cut into blocks of C absolute positions (a
+// pass's keys start at the sum of the tokens above it), each attended whole by one kernel call, and the output
+// merges one state per block in key order: so a row's bits do not depend on how its keys are segmented, chunked or
+// stacked with others. A pass that others continue below ends its shared work on a multiple of C; the keys past it
+// go with each pass below (align_passes: they are read once more per pass below, fewer than C of them), and chunks
+// start on multiples of C. With Target::fold = F (a multiple of C), the blocks of each span of F absolute positions
+// merge left to right into one state first (fewer states to write and merge for a long shared pass): an item folds
+// the blocks it holds from such a span's first one on, and its other blocks are states of their own, which the
+// output folds in the same order (out_fold); the spans' states then merge as above.
+//
+// Partial states live in `slots`: item it writes its state k (one per block or fold, item_states; one in all
+// without blocks), KV head it.kvh + h and stacked row e to slot it.slot + (k * it.heads + h) * (it.e1 - it.e0) +
+// (e - it.e0). A workspace holds o (n_slots, head_dim) then lse (n_slots), natural log: n_slots * (head_dim + 1)
+// floats.
 #pragma once
 
 #include <algorithm>
@@ -55,6 +66,8 @@ struct Target {
   int64_t chunk_align = 1;      // chunk boundaries fall on multiples of this
   bool cut_at_joins = false;    // items never straddle two segments of a chain (kernels reading one span)
   int n_threads = 0;            // CPU: threads the items run on (0: the caller's arena); others ignore it
+  int64_t block = 0;            // > 0: batch-invariant blocks of this many keys (above; chunk_align its multiple)
+  int64_t fold = 0;             // > block: the blocks of a span of this many positions fold into one state
 
   // The kernel (0 or 1) of a pass with rows_per_head stacked rows per KV head.
   int pick(int64_t rows_per_head) const { return rows_per_head <= few_rows ? few_kernel : 1 - few_kernel; }
@@ -64,6 +77,7 @@ struct Schedule {
   struct Pass {
     int kernel = 0;
     int64_t n_tokens = 0;      // its segments' tokens, in key order
+    int64_t origin = 0;        // blocks: the position of its first key in its sequences (else 0)
     int64_t n_token_rows = 0;  // query tokens attending it
     int64_t seg_begin = 0, seg_end = 0;  // its segments: segs[seg_begin, seg_end)
     int64_t row_begin = 0;     // its token rows: rows[row_begin, row_begin + n_token_rows)
@@ -73,6 +87,8 @@ struct Schedule {
   struct PassSegment {
     int seg = 0;        // segment of the tree the schedule was made from
     int64_t start = 0;  // key offset of its first token inside the pass
+    int64_t from = 0;   // its first token in the segment (> 0 only for the end of a segment above: align_passes)
+    int64_t n_tokens = 0;  // tokens it takes from the segment
   };
   struct Row {
     int64_t q_row = 0;  // query row (in q, o)
@@ -86,6 +102,7 @@ struct Schedule {
     int64_t e0 = 0, e1 = 0;  // stacked rows [e0, e1) of the pass
     int64_t t0 = 0, t1 = 0;  // keys [t0, t1) of the pass
     int64_t slot = 0;    // first slot of its partial states
+    int64_t n_states = 1;  // states per (head, row): item_states
   };
 
   std::vector<Pass> passes;
@@ -97,6 +114,9 @@ struct Schedule {
   std::vector<int64_t> out_begin;  // (n_rows * n_q_heads + 1)
   std::vector<int64_t> out_slots;
   int64_t n_slots = 0;
+  int64_t block = 0;  // Target::block where blocks are on, else 0
+  int64_t fold = 0;   // Target::fold where blocks fold, else 0
+  std::vector<char> out_fold;  // per out_slots entry: 1 where it folds into the entry before it (same span)
 
   int64_t workspace_floats(int head_dim) const { return n_slots * (int64_t(head_dim) + 1); }
   // Items holding the states of stacked row e of pass p for KV head kvh: [first, last).
@@ -106,9 +126,25 @@ struct Schedule {
     const int64_t g = ps.group_begin + (k.all_heads ? 0 : int64_t(kvh) * ps.n_tiles) + e / k.tile_rows;
     return {groups[size_t(g)], groups[size_t(g) + 1]};
   }
-  // The slot of (KV head kvh, stacked row e) in item it.
-  static int64_t slot_of(const Item& it, int kvh, int64_t e) {
-    return it.slot + (kvh - it.kvh) * (it.e1 - it.e0) + (e - it.e0);
+  // The slot of (state k, KV head kvh, stacked row e) in item it.
+  static int64_t slot_of(const Item& it, int kvh, int64_t e, int64_t k = 0) {
+    return it.slot + (k * it.heads + (kvh - it.kvh)) * (it.e1 - it.e0) + (e - it.e0);
+  }
+  // Whether keys from pass key t of pass p start a span of `fold` positions.
+  bool starts_fold(int p, int64_t t) const { return fold > 0 && (passes[size_t(p)].origin + t) % fold == 0; }
+  // Calls f(k, a, b) for the states of item it in order: state k holds keys [a, b) of its pass. Without blocks, one
+  // state; with blocks, one per block, except that blocks after one that starts a fold span (in the item) join its
+  // state up to the span's end.
+  template <class F>
+  void item_states(const Item& it, F f) const {
+    if (block <= 0) return f(int64_t(0), it.t0, it.t1);
+    int64_t k = 0, a = it.t0;
+    for (int64_t x = it.t0 + block; x < it.t1; x += block)
+      if (!starts_fold(it.pass, a) || starts_fold(it.pass, x)) {
+        f(k++, a, x);
+        a = x;
+      }
+    f(k, a, it.t1);
   }
 };
 
@@ -143,7 +179,7 @@ inline std::vector<int> add_passes(Schedule& s, const Tree& tree) {
     ps.seg_begin = int64_t(s.segs.size());
     int last = g;
     for (int x = g; x >= 0; x = fuse_into[size_t(x)]) {
-      s.segs.push_back({x, ps.n_tokens});
+      s.segs.push_back({x, ps.n_tokens, 0, tree.n_tokens(x)});
       ps.n_tokens += tree.n_tokens(x);
       last = x;
     }
@@ -176,6 +212,73 @@ inline int64_t chunk_step(const Target& t, double cost_per_key, int64_t span, do
   return std::max<int64_t>(step, 1);
 }
 
+// Batch-invariant blocks of C keys (file comment): where a pass's keys end past a multiple of C and passes continue
+// below it, its keys from that multiple on join the front of every pass below it, and its rows that continue below
+// it stop there. Passes go parents first, so a pass below takes the keys its parent was given too. Every pass then
+// starts on a multiple of C. Rows whose sequence ends in the pass keep seeing all of it. Needs no sliding window.
+inline void align_passes(Schedule& s, const Tree& tree, const std::vector<int>& row_leaf, int64_t C) {
+  const size_t n_pass = s.passes.size();
+  std::vector<std::vector<Schedule::PassSegment>> segs(n_pass);
+  std::vector<int> depth(n_pass, 0), order(n_pass);
+  std::vector<int64_t> start(n_pass, 0);  // absolute position of each pass's first key
+  std::vector<int64_t> above(size_t(tree.n_rows()), 0);  // a row's limit in the pass being moved from
+  for (size_t p = 0; p < n_pass; ++p) {
+    const Schedule::Pass& ps = s.passes[p];
+    segs[p].assign(s.segs.begin() + ps.seg_begin, s.segs.begin() + ps.seg_end);
+    for (int g = tree.parent(segs[p].front().seg); g >= 0; g = tree.parent(g)) {
+      start[p] += tree.n_tokens(g);
+      ++depth[p];
+    }
+    order[p] = int(p);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return depth[size_t(a)] < depth[size_t(b)]; });
+  for (int p : order) {
+    Schedule::Pass& ps = s.passes[size_t(p)];
+    const int64_t end = start[size_t(p)] + ps.n_tokens, cut = end / C * C - start[size_t(p)];
+    const int parent_seg = segs[size_t(p)].back().seg;
+    if (cut == ps.n_tokens) continue;
+    std::vector<Schedule::PassSegment> tail;  // its keys [cut, n_tokens)
+    for (const Schedule::PassSegment& g : segs[size_t(p)])
+      if (g.n_tokens > 0 && g.start + g.n_tokens > cut) {
+        const int64_t skip = std::max<int64_t>(0, cut - g.start);
+        tail.push_back({g.seg, 0, g.from + skip, g.n_tokens - skip});
+      }
+    for (int64_t r = ps.row_begin; r < ps.row_begin + ps.n_token_rows; ++r)
+      above[size_t(s.rows[size_t(r)].q_row)] = s.rows[size_t(r)].limit;
+    bool below = false;
+    for (size_t q = 0; q < n_pass; ++q) {
+      if (tree.parent(s.segs[size_t(s.passes[q].seg_begin)].seg) != parent_seg) continue;  // not below p
+      below = true;
+      const int64_t moved = ps.n_tokens - cut;
+      segs[q].insert(segs[q].begin(), tail.begin(), tail.end());
+      int64_t at = 0;
+      for (Schedule::PassSegment& g : segs[q]) {
+        g.start = at;
+        at += g.n_tokens;
+      }
+      s.passes[q].n_tokens += moved;
+      start[q] -= moved;
+      // A row below sees the moved keys up to its position: all of them where it sees any key of its own pass.
+      for (int64_t r = 0; r < s.passes[q].n_token_rows; ++r) {
+        Schedule::Row& row = s.rows[size_t(s.passes[q].row_begin + r)];
+        row.limit = row.limit > 0 ? row.limit + moved : std::max<int64_t>(0, above[size_t(row.q_row)] - cut);
+      }
+    }
+    if (!below) continue;
+    for (int64_t r = 0; r < ps.n_token_rows; ++r) {
+      Schedule::Row& row = s.rows[size_t(ps.row_begin + r)];
+      if (row_leaf[size_t(row.q_row)] != parent_seg) row.limit = std::min(row.limit, cut);
+    }
+  }
+  s.segs.clear();
+  for (size_t p = 0; p < n_pass; ++p) {
+    s.passes[p].origin = start[p];
+    s.passes[p].seg_begin = int64_t(s.segs.size());
+    s.segs.insert(s.segs.end(), segs[p].begin(), segs[p].end());
+    s.passes[p].seg_end = int64_t(s.segs.size());
+  }
+}
+
 // One item per chunk [t0, t1), or per piece of it between segment joins when the target asks.
 inline void add_chunk_items(Schedule& s, const Target& t, int p, Schedule::Item it) {
   const Schedule::Pass& ps = s.passes[size_t(p)];
@@ -189,7 +292,9 @@ inline void add_chunk_items(Schedule& s, const Target& t, int p, Schedule::Item 
           break;
         }
     it.slot = s.n_slots;
-    s.n_slots += int64_t(it.heads) * (it.e1 - it.e0);
+    it.n_states = 0;
+    s.item_states(it, [&](int64_t, int64_t, int64_t) { ++it.n_states; });
+    s.n_slots += it.n_states * it.heads * (it.e1 - it.e0);
     s.items.push_back(it);
     it.t0 = it.t1;
   }
@@ -197,7 +302,8 @@ inline void add_chunk_items(Schedule& s, const Target& t, int p, Schedule::Item 
 
 // The items of every pass (step 2): picks each pass's kernel, tiles its rows, chunks its keys.
 inline void add_items(Schedule& s, const HeadShape& shape, const Target& t) {
-  CASCADE_CHECK((t.few_kernel == 0 || t.few_kernel == 1) && t.min_chunk > 0 && t.chunk_align > 0 && t.n_items > 0,
+  CASCADE_CHECK((t.few_kernel == 0 || t.few_kernel == 1) && t.min_chunk > 0 && t.chunk_align > 0 && t.n_items > 0 &&
+                    t.block >= 0 && (t.block == 0 || (t.chunk_align % t.block == 0 && t.fold % t.block == 0)),
                 "schedule: incomplete target");
   const int group = shape.group(), n_kvh = shape.n_kv_heads;
   const auto cost_per_key = [&](const KernelTile& k, int64_t rows, int heads) {
@@ -264,6 +370,7 @@ void add_merge_lists(Schedule& s, const HeadShape& shape, const Target& t, int64
   const int group = shape.group();
   s.out_begin.assign(size_t(n_rows * shape.n_q_heads + 1), 0);
   s.out_slots.clear();
+  s.out_fold.clear();
   for (int64_t row = 0; row < n_rows; ++row) {
     for (int qh = 0; qh < shape.n_q_heads; ++qh) {
       s.out_begin[size_t(row * shape.n_q_heads + qh)] = int64_t(s.out_slots.size());
@@ -272,7 +379,11 @@ void add_merge_lists(Schedule& s, const HeadShape& shape, const Target& t, int64
         if (s.passes[size_t(p)].group_begin < 0) return;  // a pass with no work
         const int64_t e = token_row * group + qh % group;
         const auto [first, last] = s.items_of(p, kvh, e, t);
-        for (int64_t i = first; i < last; ++i) s.out_slots.push_back(Schedule::slot_of(s.items[size_t(i)], kvh, e));
+        for (int64_t i = first; i < last; ++i)
+          s.item_states(s.items[size_t(i)], [&](int64_t k, int64_t a, int64_t) {
+            s.out_slots.push_back(Schedule::slot_of(s.items[size_t(i)], kvh, e, k));
+            s.out_fold.push_back(s.fold > 0 && !s.starts_fold(p, a));
+          });
       });
     }
   }
@@ -292,14 +403,22 @@ inline Schedule make_passes(const Tree& tree) {
 inline Schedule make_schedule(const Tree& tree, const Target& target) {
   Schedule s;
   const std::vector<int> head_pass = schedule_detail::add_passes(s, tree);
-  schedule_detail::add_items(s, tree.shape(), target);
-  std::vector<int> row_seq(size_t(tree.n_rows()));
+  std::vector<int> row_seq(size_t(tree.n_rows())), row_leaf(size_t(tree.n_rows()), -1);
   for (int q = 0; q < tree.n_sequences(); ++q) {
     const Tree::Sequence& sq = tree.sequence(q);
     std::fill_n(row_seq.begin() + sq.row_begin, sq.n_query, q);
+    if (!sq.path.empty()) std::fill_n(row_leaf.begin() + sq.row_begin, sq.n_query, sq.path.back());
   }
+  Target t = target;
+  if (tree.window() > 0) t.block = 0;  // blocks and sliding windows: not implemented (docs/serving.md)
+  for (int q = 0; q < tree.n_sequences(); ++q)  // no blocks past 2^31 keys: states per block would not fit
+    if (tree.sequence(q).n_keys > (int64_t(1) << 31)) t.block = 0;
+  if (t.block > 0) schedule_detail::align_passes(s, tree, row_leaf, t.block);
+  s.block = t.block;
+  s.fold = t.block > 0 && t.fold > t.block ? t.fold : 0;
+  schedule_detail::add_items(s, tree.shape(), t);
   // Each row merges the passes its sequence's path heads (a chain's segments after its head add nothing).
-  schedule_detail::add_merge_lists(s, tree.shape(), target, tree.n_rows(), [&](int64_t row, auto&& add) {
+  schedule_detail::add_merge_lists(s, tree.shape(), t, tree.n_rows(), [&](int64_t row, auto&& add) {
     const Tree::Sequence& sq = tree.sequence(row_seq[size_t(row)]);
     for (size_t k = 0; k < sq.path.size(); ++k) {
       const int p = head_pass[size_t(sq.path[k])];
@@ -320,12 +439,14 @@ inline Schedule make_unified_schedule(const HeadShape& shape, int64_t n_keys, in
   ps.n_tokens = n_keys;
   ps.n_token_rows = n_rows;
   ps.seg_end = 1;
-  s.segs.push_back({0, 0});
+  s.segs.push_back({0, 0, 0, n_keys});
   s.rows.resize(size_t(n_rows));
   for (int64_t r = 0; r < n_rows; ++r) s.rows[size_t(r)] = {r, n_keys, 0};
   s.passes.push_back(ps);
-  schedule_detail::add_items(s, shape, target);
-  schedule_detail::add_merge_lists(s, shape, target, n_rows, [](int64_t row, auto&& add) { add(0, row); });
+  Target t = target;
+  t.block = 0;  // a unified buffer's keys are not positions of one sequence: no blocks (docs/serving.md)
+  schedule_detail::add_items(s, shape, t);
+  schedule_detail::add_merge_lists(s, shape, t, n_rows, [](int64_t row, auto&& add) { add(0, row); });
   return s;
 }
 
@@ -345,7 +466,7 @@ inline void verify_schedule(const Tree& tree, const Schedule& s) {
                       it.e0 < it.e1 && it.e1 <= ps.n_token_rows * group && it.t0 >= 0 && it.t0 < it.t1 &&
                       it.t1 <= ps.n_tokens,
                   "schedule: item ", i, " is out of its pass");
-    for (int64_t k = it.slot; k < it.slot + it.heads * (it.e1 - it.e0); ++k) {
+    for (int64_t k = it.slot; k < it.slot + it.n_states * it.heads * (it.e1 - it.e0); ++k) {
       CASCADE_CHECK(k >= 0 && k < s.n_slots && slot_item[size_t(k)] < 0, "schedule: slot ", k, " written twice");
       slot_item[size_t(k)] = int64_t(i);
     }
@@ -370,11 +491,15 @@ inline void verify_schedule(const Tree& tree, const Schedule& s) {
           const Schedule::Item& it = s.items[size_t(slot_item[size_t(slot)])];
           const Schedule::Pass& ps = s.passes[size_t(it.pass)];
           const int64_t n = it.e1 - it.e0, e = it.e0 + (slot - it.slot) % n;
-          const int kvh = it.kvh + int((slot - it.slot) / n);
+          const int kvh = it.kvh + int((slot - it.slot) / n % it.heads);
+          int64_t b0 = 0, b1 = 0;
+          s.item_states(it, [&, want = (slot - it.slot) / n / it.heads](int64_t k, int64_t a, int64_t b) {
+            if (k == want) std::tie(b0, b1) = std::pair(a, b);
+          });
           const Schedule::Row& r = s.rows[size_t(ps.row_begin + e / group)];
           CASCADE_CHECK(r.q_row == row && kvh == qh / group && e % group == qh % group, "schedule: output ", o,
                         " merges the state of another row or head");
-          const int64_t t0 = std::max(it.t0, r.first), t1 = std::min(it.t1, r.limit);
+          const int64_t t0 = std::max(b0, r.first), t1 = std::min(b1, r.limit);
           if (t1 <= t0) continue;
           spans.push_back({it.pass, t0, t1});
           covered += t1 - t0;

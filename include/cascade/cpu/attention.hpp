@@ -24,6 +24,7 @@
 #include <atomic>
 #include <concepts>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -57,6 +58,12 @@ inline constexpr int kTiledKernel = 0;
 inline constexpr int kFewRowsKernel = 1;
 // Shortest chunk of a pass's tokens one item takes when a pass is split across threads.
 inline constexpr int64_t kMinChunk = 256;
+// Keys per batch-invariant block (schedule.hpp, KernelOptions::batch_invariant): a multiple of both kernels' tiles
+// and key steps. Larger blocks mean fewer partial states to write and merge per row, smaller ones fewer keys of a
+// shared pass's unaligned end read again by every pass below it.
+inline constexpr int64_t kBlockKeys = 256;
+// Positions per fold span (Target::fold): a long shared pass writes one state per span, not per block.
+inline constexpr int64_t kFoldKeys = 1024;
 
 // The schedule's view of this machine for heads of head_dim, with n_threads threads (0: the caller's arena):
 // about 4 items per thread, so that uneven items still balance; the kernels every pass and K/V type run on,
@@ -75,10 +82,22 @@ inline Target target(int n_threads, int head_dim, const KernelOptions& kernels =
   t.n_items = 4.0 * std::max(1, n);
   t.min_chunk = kMinChunk;
   t.n_threads = n_threads;
+  if (kernels.batch_invariant) {
+    t.block = t.chunk_align = kBlockKeys;
+    t.fold = kFoldKeys;
+  }
   return t;
 }
 inline Target target(const Options& opt, int head_dim) {
-  return target(opt.n_threads, head_dim, opt.kernels ? *opt.kernels : KernelOptions::process());
+  Target t = target(opt.n_threads, head_dim, opt.kernels ? *opt.kernels : KernelOptions::process());
+  // Blocks buy nothing where a kernel for the K/V type has no batch-invariant order (bf16 or int8 products, the
+  // portable tier): none there.
+  if (!t.kernel_choices(kTiledKernel, opt.kv_dtype).batch_invariant ||
+      !t.kernel_choices(kFewRowsKernel, opt.kv_dtype).batch_invariant) {
+    t.block = t.fold = 0;
+    t.chunk_align = 1;
+  }
+  return t;
 }
 
 // The plan of a step's tree on this machine (auto's regrouping first when opt.cost_model is set).
@@ -181,9 +200,10 @@ namespace detail {
 
 struct ItemScratch {
   Scratch kernel;
-  std::vector<float> q, o2;
+  std::vector<float> q, o2, o3;
   std::vector<int64_t> limit, first;
   std::vector<int32_t> seq, pos;
+  std::vector<char> k, v, k_scales, v_scales;  // a block's K/V gathered from several segments (gather_keys)
 };
 
 inline tbb::enumerable_thread_specific<ItemScratch>& item_scratch() {
@@ -243,7 +263,8 @@ void run_items(const Schedule& sc, int64_t head_dim, float* ws, AttendItem atten
   });
 }
 
-// Merges, for every output (row, q head), the partial states its list names into o and lse.
+// Merges, for every output (row, q head), the partial states its list names into o and lse: the states that fold
+// into the one before them (Schedule::out_fold) first, left to right, as the items fold theirs.
 inline void merge_outputs(const Schedule& sc, const HeadShape& shape, int64_t n_rows, const float* ws, float* o,
                           float* lse) {
   const int64_t d = shape.head_dim;
@@ -251,13 +272,28 @@ inline void merge_outputs(const Schedule& sc, const HeadShape& shape, int64_t n_
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_rows), [&](const tbb::blocked_range<int64_t>& range) {
     std::vector<const float*> po;
     std::vector<float> pl;
+    std::vector<float> folded;  // the folds, d floats each
     for (int64_t i = range.begin() * shape.n_q_heads; i < range.end() * shape.n_q_heads; ++i) {
       po.clear();
       pl.clear();
-      for (int64_t k = sc.out_begin[size_t(i)]; k < sc.out_begin[size_t(i) + 1]; ++k) {
+      const int64_t end = sc.out_begin[size_t(i) + 1];
+      folded.resize(size_t((end - sc.out_begin[size_t(i)]) * d));
+      for (int64_t k = sc.out_begin[size_t(i)]; k < end; ++k) {
         const int64_t slot = sc.out_slots[size_t(k)];
-        po.push_back(ws + slot * d);
-        pl.push_back(ws_lse[slot]);
+        const bool into = !po.empty() && !sc.out_fold.empty() && sc.out_fold[size_t(k)];
+        if (!into && (k + 1 == end || sc.out_fold.empty() || !sc.out_fold[size_t(k) + 1])) {
+          po.push_back(ws + slot * d);  // a state nothing folds into: read in place
+          pl.push_back(ws_lse[slot]);
+          continue;
+        }
+        if (!into) {
+          float* f = folded.data() + po.size() * size_t(d);
+          std::copy(ws + slot * d, ws + (slot + 1) * d, f);
+          po.push_back(f);
+          pl.push_back(ws_lse[slot]);
+          continue;
+        }
+        merge_state_inplace(const_cast<float*>(po.back()), &pl.back(), ws + slot * d, ws_lse[slot], d);
       }
       float lse_out;
       merge_states(int64_t(po.size()), po.data(), pl.data(), o + i * d, &lse_out, d);
@@ -272,55 +308,179 @@ inline NextRows first_rows(const Schedule& sc, const std::vector<KvView>& kv, co
                            int64_t k_begin) {
   for (int64_t k = k_begin; k < sc.passes[size_t(it.pass)].seg_end; ++k) {
     const Schedule::PassSegment& seg = sc.segs[size_t(k)];
-    const KvView& view = kv[size_t(seg.seg)];
-    const int64_t a = std::max(it.t0, seg.start), b = std::min(it.t1, seg.start + view.n_tokens);
-    if (a < b) return next_rows(view, it.kvh, it.heads, a - seg.start, b - seg.start);
+    const int64_t a = std::max(it.t0, seg.start), b = std::min(it.t1, seg.start + seg.n_tokens);
+    const int64_t base = seg.start - seg.from;  // pass key of the segment's token 0
+    if (a < b) return next_rows(kv[size_t(seg.seg)], it.kvh, it.heads, a - base, b - base);
   }
   return {};
 }
 
-// Attends one item of a plan: its tokens [t0, t1) of the pass, segment by segment; the second and later
-// segments' states merge into the first's.
-inline void attend_plan_item(const Plan& plan, const std::vector<KvView>& kv, const float* q,
-                             const Schedule::Item& it, ItemScratch& s, float* o_it, float* lse_it) {
+// Keys [a, b) of pass ps, heads [kvh, kvh + heads), copied from the pass's segments into one dense view held by s
+// (other heads' rows left unwritten): the keys of a batch-invariant block around a join of segments that a kernel
+// step must see together (attend_block).
+inline KvView gather_keys(const Schedule& sc, const Schedule::Pass& ps, const std::vector<KvView>& kv, int kvh,
+                          int heads, int64_t a, int64_t b, ItemScratch& s) {
+  const KvView& v0 = kv[size_t(sc.segs[size_t(ps.seg_begin)].seg)];
+  const bool q8 = v0.dtype == DType::q8_0;
+  const int64_t es = dtype_size(v0.dtype), d = v0.head_dim, row = int64_t(v0.n_kv_heads) * d;
+  s.k.resize(size_t((b - a) * row * es));
+  s.v.resize(s.k.size());
+  s.k_scales.resize(q8 ? size_t((b - a) * row / kQ8Block * 2) : 0);
+  s.v_scales.resize(s.k_scales.size());
+  for (int64_t k = ps.seg_begin; k < ps.seg_end; ++k) {
+    const Schedule::PassSegment& seg = sc.segs[size_t(k)];
+    const KvView& view = kv[size_t(seg.seg)];
+    CASCADE_CHECK(view.dtype == v0.dtype, "run: segments of one pass hold different K/V types");
+    const int run = view.stride_head == d ? heads : 1;  // heads copied at once: dense ones side by side
+    for (int64_t t = std::max(a, seg.start); t < std::min(b, seg.start + seg.n_tokens); ++t)
+      for (int h = kvh; h < kvh + heads; h += run) {
+        const int64_t src = view.offset(t - seg.start + seg.from, h), dst = (t - a) * row + h * d, n = run * d;
+        auto copy = [](const void* from, int64_t at, std::vector<char>& to, int64_t to_at, int64_t bytes) {
+          std::memcpy(to.data() + to_at, static_cast<const char*>(from) + at, size_t(bytes));
+        };
+        copy(view.k, src * es, s.k, dst * es, n * es);
+        copy(view.v, src * es, s.v, dst * es, n * es);
+        if (!q8) continue;
+        copy(view.k_scales, src / kQ8Block * 2, s.k_scales, dst / kQ8Block * 2, n / kQ8Block * 2);
+        copy(view.v_scales, src / kQ8Block * 2, s.v_scales, dst / kQ8Block * 2, n / kQ8Block * 2);
+      }
+  }
+  KvView g = v0;
+  g.n_tokens = b - a;
+  g.k = s.k.data();
+  g.v = s.v.data();
+  g.k_scales = q8 ? s.k_scales.data() : nullptr;
+  g.v_scales = q8 ? s.v_scales.data() : nullptr;
+  g.stride_token = row;
+  g.stride_head = d;
+  g.block_table = nullptr;
+  g.page_size = g.stride_page = 0;
+  return g;
+}
+
+// One kernel call of an item: keys [x, y) of its pass, read from `view`, whose token 0 is pass key `base`.
+inline void call_kernel(const Plan& plan, const Schedule::Item& it, const KvView& view, int64_t base, int64_t x,
+                        int64_t y, ItemScratch& s, float* o, float* lse) {
   const Schedule& sc = plan.schedule();
-  const HeadShape& shape = plan.shape();
-  const int64_t d = shape.head_dim, n = it.e1 - it.e0;
-  const int group = shape.group();
   const Schedule::Pass& ps = sc.passes[size_t(it.pass)];
-  gather_queries(q, shape, sc, it, s.q);
-  s.limit.resize(size_t(n));
+  const int group = plan.shape().group();
   const bool window = plan.attended().window() > 0;
+  const int64_t n = it.e1 - it.e0;
+  s.limit.resize(size_t(n));
   if (window) s.first.resize(size_t(n));
+  for (int64_t e = it.e0; e < it.e1; ++e) {
+    const Schedule::Row& row = sc.rows[size_t(ps.row_begin + e / group)];
+    s.limit[size_t(e - it.e0)] = row.limit - base;
+    if (window) s.first[size_t(e - it.e0)] = row.first - base;
+  }
+  run_kernel(plan.target().kernel_choices(ps.kernel, view.dtype), s.q.data(), n, it.heads, view, it.kvh, x - base,
+             y - base, LimitMask{s.limit.data(), window ? s.first.data() : nullptr}, plan.scale(), o, lse, s.kernel);
+}
+
+// Keys [a, b) of an item's pass, segment by segment, the second and later segments' states merged into the first's.
+// o: (heads, rows, head_dim), lse: (heads, rows). s.q holds the item's queries (gather_queries).
+inline void attend_keys(const Plan& plan, const std::vector<KvView>& kv, const Schedule::Item& it, int64_t a,
+                        int64_t b, ItemScratch& s, float* o, float* lse) {
+  const Schedule& sc = plan.schedule();
+  const int64_t d = plan.shape().head_dim, states = it.heads * (it.e1 - it.e0);
+  const Schedule::Pass& ps = sc.passes[size_t(it.pass)];
   const NextRows after = s.kernel.next;  // what the thread attends after this item (run_items)
   bool first = true;
   for (int64_t k = ps.seg_begin; k < ps.seg_end; ++k) {
     const Schedule::PassSegment& seg = sc.segs[size_t(k)];
-    const KvView& view = kv[size_t(seg.seg)];
-    const int64_t a = std::max(it.t0, seg.start), b = std::min(it.t1, seg.start + view.n_tokens);
-    if (a >= b) continue;
+    const int64_t t0 = std::max(a, seg.start), t1 = std::min(b, seg.start + seg.n_tokens);
+    if (t0 >= t1) continue;
     // Over this segment's last tile, the kernel asks for the start of the item's next segment, or of what follows
     // the item.
     const NextRows in_item = first_rows(sc, kv, it, k + 1);
     s.kernel.next = in_item.k ? in_item : after;
-    for (int64_t e = it.e0; e < it.e1; ++e) {
-      const Schedule::Row& row = sc.rows[size_t(ps.row_begin + e / group)];
-      s.limit[size_t(e - it.e0)] = row.limit - seg.start;
-      if (window) s.first[size_t(e - it.e0)] = row.first - seg.start;
-    }
-    float* o_k = o_it;
-    float* lse_k = lse_it;
-    if (!first) {
-      s.o2.resize(size_t(it.heads * n * (d + 1)));
-      o_k = s.o2.data();
-      lse_k = o_k + it.heads * n * d;
-    }
-    run_kernel(plan.target().kernel_choices(ps.kernel, view.dtype), s.q.data(), n, it.heads, view, it.kvh,
-               a - seg.start, b - seg.start, LimitMask{s.limit.data(), window ? s.first.data() : nullptr}, plan.scale(),
-               o_k, lse_k, s.kernel);
-    if (!first) merge_states_inplace(o_it, lse_it, o_k, lse_k, it.heads * n, d);
+    if (!first) s.o2.resize(size_t(states * (d + 1)));
+    float* o_k = first ? o : s.o2.data();
+    float* lse_k = first ? lse : s.o2.data() + states * d;
+    call_kernel(plan, it, kv[size_t(seg.seg)], seg.start - seg.from, t0, t1, s, o_k, lse_k);
+    if (!first) merge_states_inplace(o, lse, o_k, lse_k, states, d);
     first = false;
   }
+}
+
+// A batch-invariant block: keys [a, b) of an item's pass in one running state, whatever segments it spans. Each
+// segment's keys are read in place, the state carried from call to call (Scratch::carry_in, carry_out); around a
+// join off a multiple of kTileStep, the step's keys are copied into one view (gather_keys), so that every step
+// holds the keys one call over one view would give it. A kernel without the invariant order (bf16 or int8 products),
+// or segments of different K/V types, attend the block segment by segment (attend_keys).
+inline void attend_block(const Plan& plan, const std::vector<KvView>& kv, const Schedule::Item& it, int64_t a,
+                         int64_t b, ItemScratch& s, float* o, float* lse) {
+  const Schedule& sc = plan.schedule();
+  const Schedule::Pass& ps = sc.passes[size_t(it.pass)];
+  const DType dt = kv[size_t(sc.segs[size_t(ps.seg_begin)].seg)].dtype;
+  bool one_type = true;  // segments of other K/V types take other kernels: nothing to carry between them
+  for (int64_t k = ps.seg_begin; k < ps.seg_end; ++k)
+    one_type = one_type && kv[size_t(sc.segs[size_t(k)].seg)].dtype == dt;
+  if (!one_type || !plan.target().kernel_choices(ps.kernel, dt).batch_invariant)
+    return attend_keys(plan, kv, it, a, b, s, o, lse);  // no invariant order to keep: segment by segment
+  std::vector<int64_t> cut{a, b};  // call boundaries
+  for (int64_t k = ps.seg_begin + 1; k < ps.seg_end; ++k) {
+    const int64_t j = sc.segs[size_t(k)].start;
+    if (j <= a || j >= b) continue;
+    cut.push_back(j / kTileStep * kTileStep);
+    cut.push_back(std::min(b, (j + kTileStep - 1) / kTileStep * kTileStep));
+  }
+  std::sort(cut.begin(), cut.end());
+  cut.erase(std::unique(cut.begin(), cut.end()), cut.end());
+  const NextRows after = s.kernel.next;
+  const bool same_q = s.kernel.same_q;
+  for (size_t i = 0; i + 1 < cut.size(); ++i) {
+    const int64_t x = cut[i], y = cut[i + 1];
+    int64_t k = ps.seg_begin;  // the segment holding x
+    while (sc.segs[size_t(k)].start + sc.segs[size_t(k)].n_tokens <= x) ++k;
+    const Schedule::PassSegment& seg = sc.segs[size_t(k)];
+    const bool in_place = y <= seg.start + seg.n_tokens;
+    s.kernel.carry_in = i > 0;
+    s.kernel.carry_out = i + 2 < cut.size();
+    s.kernel.same_q = same_q || i > 0;
+    // The last call asks for the item's next block where the same view holds it.
+    const int64_t more = std::max<int64_t>(0, std::min(it.t1, seg.start + seg.n_tokens) - y);
+    s.kernel.keys_after = in_place && !s.kernel.carry_out ? more : 0;
+    const KvView view = in_place ? kv[size_t(seg.seg)] : gather_keys(sc, ps, kv, it.kvh, it.heads, x, y, s);
+    const int64_t base = in_place ? seg.start - seg.from : x;
+    s.kernel.next = s.kernel.keys_after > 0 ? next_rows(view, it.kvh, it.heads, y - base, y - base + more) : after;
+    call_kernel(plan, it, view, base, x, y, s, o, lse);
+  }
+  s.kernel.carry_in = s.kernel.carry_out = false;
+  s.kernel.keys_after = 0;
+}
+
+// Attends one item of a plan: its tokens [t0, t1) of the pass; or, with batch-invariant blocks, each block in turn,
+// the blocks of a state after its first merged into it left to right (Schedule::item_states), each state at its
+// slots (Schedule::slot_of).
+inline void attend_plan_item(const Plan& plan, const std::vector<KvView>& kv, const float* q,
+                             const Schedule::Item& it, ItemScratch& s, float* o_it, float* lse_it) {
+  const Schedule& sc = plan.schedule();
+  const int64_t states = it.heads * (it.e1 - it.e0), d = plan.shape().head_dim;
+  gather_queries(q, plan.shape(), sc, it, s.q);
+  const NextRows after = s.kernel.next;
+  sc.item_states(it, [&](int64_t k, int64_t a, int64_t b) {
+    float* o = o_it + k * states * d;
+    float* lse = lse_it + k * states;
+    const int64_t step = sc.block > 0 ? sc.block : b - a;
+    for (int64_t x = a; x < b; x += step) {
+      s.kernel.next = after;
+      s.kernel.same_q = sc.block > 0 && x > it.t0;  // one kernel call per block: the queries packed once
+      if (sc.block <= 0) {
+        attend_keys(plan, kv, it, a, b, s, o, lse);
+        break;
+      }
+      if (x == a) {
+        attend_block(plan, kv, it, x, std::min(b, x + step), s, o, lse);
+        continue;
+      }
+      s.o3.resize(size_t(states * (d + 1)));
+      attend_block(plan, kv, it, x, std::min(b, x + step), s, s.o3.data(), s.o3.data() + states * d);
+      for (int64_t r = 0; r < states; ++r)
+        merge_state_inplace(o + r * d, lse + r, s.o3.data() + r * d, s.o3[size_t(states * d + r)], d);
+    }
+  });
+  s.kernel.same_q = false;
 }
 
 // Checks a view against the plan's segment g; throws an Error naming the segment.

@@ -71,6 +71,10 @@ inline std::atomic<int>& int8_products_flag() {
   static std::atomic<int> on{-1};
   return on;
 }
+inline std::atomic<bool>& batch_invariant_flag() {
+  static std::atomic<bool> on{true};
+  return on;
+}
 }  // namespace detail
 
 // ---- planning options and the process-wide switches behind their defaults --------------------------------------
@@ -83,6 +87,8 @@ struct KernelOptions {
   bool amx_tiles = true;        // the tiled kernel's bf16 products on AMX tiles where the process may run them
   int int8_products = -1;       // q8_0 K/V on int8 dot products: 1 wherever the CPU has them, 0 never, -1 where
                                 // choose_kernel's rule says they are faster
+  bool batch_invariant = true;  // a row's (o, lse) the same bits whatever else the step holds (cpu::Options,
+                                // docs/serving.md "Determinism"); false: the faster order of the few-rows kernel
   // The process-wide switches as they are now (set_isa_limit, set_bf16_products, set_amx_tiles,
   // set_int8_products).
   static KernelOptions process() {
@@ -91,6 +97,7 @@ struct KernelOptions {
     o.bf16_products = detail::bf16_products_flag().load(std::memory_order_relaxed);
     o.amx_tiles = detail::amx_tiles_flag().load(std::memory_order_relaxed) != 0;
     o.int8_products = detail::int8_products_flag().load(std::memory_order_relaxed);
+    o.batch_invariant = detail::batch_invariant_flag().load(std::memory_order_relaxed);
     return o;
   }
 };
@@ -134,6 +141,9 @@ class AmxTiles {
   int saved_;
 };
 
+// Batch-invariant attention (KernelOptions::batch_invariant): on by default; process-wide, read when a plan is made.
+inline void set_batch_invariant(bool on) { detail::batch_invariant_flag().store(on, std::memory_order_relaxed); }
+
 // q8_0 K/V on int8 dot products (q quantized to int8): by default where choose_kernel's rule takes them.
 // Process-wide, read when a plan is made; Int8Products sets it for one scope (the tests run both).
 inline void set_int8_products(bool on) { detail::int8_products_flag().store(on ? 1 : 0, std::memory_order_relaxed); }
@@ -173,7 +183,7 @@ inline bool amx_allowed(const KernelOptions& o) {
 //             converted to bf16 where bf16 K/V would take bf16 products (AMX tiles where allowed, else
 //             vdpbf16ps), on codes times scales in f32 elsewhere (measured: docs/study.md §23); f32 everywhere
 //             else.
-inline KernelChoice choose_kernel(KernelShape shape, DType dt, int head_dim, const KernelOptions& o) {
+inline KernelChoice choose_kernel_products(KernelShape shape, DType dt, int head_dim, const KernelOptions& o) {
   const Isa isa = std::min(detected_isa(), o.isa_limit);
   const bool few = shape == KernelShape::few_rows;
   KernelChoice c{shape, Isa::portable, Products::f32};
@@ -195,6 +205,14 @@ inline KernelChoice choose_kernel(KernelShape shape, DType dt, int head_dim, con
   } else if (head_dim % 32 == 0 && (!amx_allowed(o) || o.bf16_products == 1 || detail::bf16_dots_faster())) {
     c.products = Products::bf16_dot;
   }
+  return c;
+}
+
+// As choose_kernel_products, in the batch-invariant order where o asks for it and the choice has one (f32
+// products on the AVX2 and AVX-512 tiers).
+inline KernelChoice choose_kernel(KernelShape shape, DType dt, int head_dim, const KernelOptions& o) {
+  KernelChoice c = choose_kernel_products(shape, dt, head_dim, o);
+  c.batch_invariant = o.batch_invariant && c.products == Products::f32 && c.tier != Isa::portable;
   return c;
 }
 
@@ -296,7 +314,10 @@ void attend(const KernelChoice& k, const float* q, int64_t n_rows, int n_heads, 
             avx512_vnni::few_attend<NC, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
           });
       return cpu::detail::with_head_dim<16>(d, [&]<int NV>() {
-        few_attend<T, NV, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+        if (k.batch_invariant)
+          few_attend_exact<T, NV, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+        else
+          few_attend<T, NV, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
       });
     }
     for (int h = 0; h < n_heads; ++h)
@@ -321,7 +342,10 @@ void attend(const KernelChoice& k, const float* q, int64_t n_rows, int n_heads, 
   dispatch_dtype(kv.dtype, [&]<class T>() {
     if (k.shape == KernelShape::few_rows)
       return cpu::detail::with_head_dim<8>(d, [&]<int NV>() {
-        few_attend<T, NV, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+        if (k.batch_invariant)
+          few_attend_exact<T, NV, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
+        else
+          few_attend<T, NV, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
       });
     for (int h = 0; h < n_heads; ++h)
       cpu::detail::with_head_dim<1>(d, [&]<int D>() {

@@ -61,6 +61,31 @@ struct V {
     const reg h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
   }
+  // Transposes 8 x 8 floats in registers: lane c of r[i] becomes lane i of r[c].
+  static void transpose(reg (&r)[8]) {
+    reg t[8], u[8];
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4g + k]: lanes k (low half) and k + 4 (high half) of rows 4g..4g+3
+    for (int g = 0; g < 2; ++g) {
+      u[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+      u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+      u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+      u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int k = 0; k < 4; ++k) {
+      r[k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x20);
+      r[k + 4] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x31);
+    }
+  }
+  // The f16 elements [0, 8) of n <= 8 rows (stride elements apart; rows past n read as 0) as f32 columns: lane j of
+  // col[i] = element i of row j.
+  static void f16_columns(const f16* p, int64_t stride, int64_t n, reg (&col)[8]) {
+    for (int j = 0; j < 8; ++j) col[j] = j < n ? kv<f16>(p + j * stride) : zero();
+    transpose(col);
+  }
   // 8 int8 codes (q8_0 K/V) as f32.
   static reg q8(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
@@ -84,6 +109,7 @@ struct V {
 
 // Row blocks of the tiled kernel: one register of 8 rows against 8 keys (16 registers in all).
 inline constexpr int kTileRV = 1, kTileNK = 8;
+static_assert(kTileNK == kTileStep, "the batch-invariant order steps the tiled kernel's keys");
 
 }  // namespace cascade::cpu::avx2
 CASCADE_TARGET_END

@@ -18,6 +18,36 @@
 CASCADE_TARGET_AVX512_BEGIN
 namespace cascade::cpu::avx512 {
 
+// Transposes 16 x 16 32-bit words in registers: word c of r[i] becomes word i of r[c].
+CASCADE_ALWAYS_INLINE void transpose16(__m512i (&r)[16]) {
+  __m512i a[16];
+  CASCADE_UNROLL(8)
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // r[4g + k], 128-bit lane L: column 4L + k of rows 4g..4g+3
+  CASCADE_UNROLL(4)
+  for (int g = 0; g < 4; ++g) {
+    r[4 * g + 0] = _mm512_unpacklo_epi64(a[4 * g], a[4 * g + 2]);
+    r[4 * g + 1] = _mm512_unpackhi_epi64(a[4 * g], a[4 * g + 2]);
+    r[4 * g + 2] = _mm512_unpacklo_epi64(a[4 * g + 1], a[4 * g + 3]);
+    r[4 * g + 3] = _mm512_unpackhi_epi64(a[4 * g + 1], a[4 * g + 3]);
+  }
+  CASCADE_UNROLL(4)
+  for (int k = 0; k < 4; ++k) {
+    const __m512i c0 = _mm512_shuffle_i32x4(r[k], r[4 + k], 0x44), c1 = _mm512_shuffle_i32x4(r[k], r[4 + k], 0xEE);
+    const __m512i c2 = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0x44),
+                  c3 = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0xEE);
+    a[0 + k] = _mm512_shuffle_i32x4(c0, c2, 0x88);
+    a[4 + k] = _mm512_shuffle_i32x4(c0, c2, 0xDD);
+    a[8 + k] = _mm512_shuffle_i32x4(c1, c3, 0x88);
+    a[12 + k] = _mm512_shuffle_i32x4(c1, c3, 0xDD);
+  }
+  CASCADE_UNROLL(16)
+  for (int i = 0; i < 16; ++i) r[i] = a[i];
+}
+
 struct V {
   using reg = __m512;
   using msk = __mmask16;
@@ -69,6 +99,40 @@ struct V {
     const reg e = _mm512_add_ps(c, _mm512_shuffle_f32x4(c, c, 0x4E));
     return _mm512_castps512_ps128(_mm512_add_ps(e, _mm512_shuffle_f32x4(e, e, 0xB1)));
   }
+  // Transposes 16 x 16 floats in registers: lane c of r[i] becomes lane i of r[c].
+  static void transpose(reg (&r)[16]) {
+    __m512i x[16];
+    for (int i = 0; i < 16; ++i) x[i] = _mm512_castps_si512(r[i]);
+    transpose16(x);
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_castsi512_ps(x[i]);
+  }
+  // The f16 elements [0, 16) of n <= 16 rows (stride elements apart; rows past n read as 0) as f32 columns:
+  // lane j of col[i] = element i of row j. The 16-bit words are transposed on 256-bit registers (half the shuffles
+  // of 32-bit words on 512-bit ones), then converted.
+  static void f16_columns(const f16* p, int64_t stride, int64_t n, reg (&col)[16]) {
+    __m256i r[16], a[16];
+    for (int j = 0; j < 16; ++j)
+      r[j] = j < n ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + j * stride)) : _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {  // a[2k + h], 128-bit lane L: words 8L + 4h + t of rows 2k, 2k + 1 (pairs by t)
+      a[2 * k] = _mm256_unpacklo_epi16(r[2 * k], r[2 * k + 1]);
+      a[2 * k + 1] = _mm256_unpackhi_epi16(r[2 * k], r[2 * k + 1]);
+    }
+    for (int g = 0; g < 4; ++g) {  // r[4g + x], lane L: words 8L + 2x, 8L + 2x + 1 of rows 4g..4g+3
+      r[4 * g + 0] = _mm256_unpacklo_epi32(a[4 * g], a[4 * g + 2]);
+      r[4 * g + 1] = _mm256_unpackhi_epi32(a[4 * g], a[4 * g + 2]);
+      r[4 * g + 2] = _mm256_unpacklo_epi32(a[4 * g + 1], a[4 * g + 3]);
+      r[4 * g + 3] = _mm256_unpackhi_epi32(a[4 * g + 1], a[4 * g + 3]);
+    }
+    for (int h = 0; h < 2; ++h)  // a[8h + m], lane L: word 8L + m of rows 8h..8h+7
+      for (int x = 0; x < 4; ++x) {
+        a[8 * h + 2 * x] = _mm256_unpacklo_epi64(r[8 * h + x], r[8 * h + 4 + x]);
+        a[8 * h + 2 * x + 1] = _mm256_unpackhi_epi64(r[8 * h + x], r[8 * h + 4 + x]);
+      }
+    for (int m = 0; m < 8; ++m) {
+      col[m] = _mm512_cvtph_ps(_mm256_permute2x128_si256(a[m], a[8 + m], 0x20));
+      col[8 + m] = _mm512_cvtph_ps(_mm256_permute2x128_si256(a[m], a[8 + m], 0x31));
+    }
+  }
   // 16 int8 codes (q8_0 K/V) as f32.
   static reg q8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -112,36 +176,6 @@ struct NarrowTail {
   }
 };
 
-// Transposes 16 x 16 32-bit words in registers: word c of r[i] becomes word i of r[c].
-CASCADE_ALWAYS_INLINE void transpose16(__m512i (&r)[16]) {
-  __m512i a[16];
-  CASCADE_UNROLL(8)
-  for (int i = 0; i < 8; ++i) {
-    a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  // r[4g + k], 128-bit lane L: column 4L + k of rows 4g..4g+3
-  CASCADE_UNROLL(4)
-  for (int g = 0; g < 4; ++g) {
-    r[4 * g + 0] = _mm512_unpacklo_epi64(a[4 * g], a[4 * g + 2]);
-    r[4 * g + 1] = _mm512_unpackhi_epi64(a[4 * g], a[4 * g + 2]);
-    r[4 * g + 2] = _mm512_unpacklo_epi64(a[4 * g + 1], a[4 * g + 3]);
-    r[4 * g + 3] = _mm512_unpackhi_epi64(a[4 * g + 1], a[4 * g + 3]);
-  }
-  CASCADE_UNROLL(4)
-  for (int k = 0; k < 4; ++k) {
-    const __m512i c0 = _mm512_shuffle_i32x4(r[k], r[4 + k], 0x44), c1 = _mm512_shuffle_i32x4(r[k], r[4 + k], 0xEE);
-    const __m512i c2 = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0x44),
-                  c3 = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0xEE);
-    a[0 + k] = _mm512_shuffle_i32x4(c0, c2, 0x88);
-    a[4 + k] = _mm512_shuffle_i32x4(c0, c2, 0xDD);
-    a[8 + k] = _mm512_shuffle_i32x4(c1, c3, 0x88);
-    a[12 + k] = _mm512_shuffle_i32x4(c1, c3, 0xDD);
-  }
-  CASCADE_UNROLL(16)
-  for (int i = 0; i < 16; ++i) r[i] = a[i];
-}
-
 // The same from memory to memory: dst row c (stride dst_stride words) = src column c (src rows src_stride words
 // apart).
 inline void transpose16(const uint32_t* src, int64_t src_stride, uint32_t* dst, int64_t dst_stride) {
@@ -162,6 +196,7 @@ constexpr int64_t few_pair_dim(int64_t i) { return (i & 15) / 4 * 8 + (i >= 16 ?
 // registers share each broadcast key element: with one, the S product's loads (a broadcast per multiply-add)
 // kept pace with the two FMA ports and no more.
 inline constexpr int kTileRV = 2, kTileNK = 8;
+static_assert(kTileNK == kTileStep, "the batch-invariant order steps the tiled kernel's keys");
 
 }  // namespace cascade::cpu::avx512
 CASCADE_TARGET_END

@@ -22,11 +22,15 @@ namespace cascade::cpu {
 inline constexpr int64_t kMaxRows = 128;
 // Most stacked rows per KV head the few-rows kernel takes (kernel.hpp).
 inline constexpr int64_t kFewRows = 8;
+// Keys per step of the online softmax in the batch-invariant order (the tiled kernel's key step, kTileNK, and
+// FewExactF32's): a row's max moves, and its weights are summed, once per step of this many keys counted from the
+// call's first key.
+inline constexpr int kTileStep = 8;
 
 // The kernels' revision: raised whenever a change moves what a kernel costs, so that auto's profiles
 // calibrated on older kernels (profile_cache.hpp keeps them per machine) are measured again, not reused. What
 // each revision changed, and what it gained, is listed in docs/study.md (§20).
-inline constexpr int kKernelRevision = 12;
+inline constexpr int kKernelRevision = 13;
 
 // K/V token rows a kernel call asks for over its last tile: the start of what the calling thread attends next
 // (the next segment of its work item, or its next item), so that a short item's reads are under way before it
@@ -61,6 +65,16 @@ class Scratch {
  public:
   // What the thread attends after the current call (set by the caller for each call; see NextRows).
   NextRows next;
+  // Set by the caller when the call's queries, rows and scale are the previous call's (the blocks of one work item):
+  // a policy may keep the queries it packed then (TiledF32).
+  bool same_q = false;
+  // Keys of the same view after the call's range that the thread attends next (the item's next block): the tiled
+  // driver asks for their first tile over its last one, as it does within a call.
+  int64_t keys_after = 0;
+  // The call continues the running state (max, sum, accumulated output) that the previous call on this scratch left
+  // (same rows, heads and head dim: one block read from several views), and leaves its own unfinished for the next
+  // (o and lse not written). The tiled driver and the few-rows kernel in the batch-invariant order honor them.
+  bool carry_in = false, carry_out = false;
   static constexpr int kSlots = 8;
   // Buffer `slot` with room for at least n floats; its contents are unspecified.
   float* get(int slot, int64_t n) {
