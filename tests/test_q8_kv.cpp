@@ -61,12 +61,20 @@ TEST_CASE("quantize_q8_0: within half a step of every value, the scale max|x| / 
     }
   }
   CHECK(bad == 0);
-  // Quantizing the dequantized values again gives the same codes and scales.
+  // Quantizing the dequantized values again gives the same codes and scale, for every block whose scale is a normal
+  // f16 (q8_0.hpp: a subnormal scale, max |x| below about 7.8e-3, rounds coarser and need not come back).
   std::vector<int8_t> codes2(codes.size());
   std::vector<f16> scales2(scales.size());
   quantize_q8_0(y.data(), n, codes2.data(), scales2.data());
-  CHECK(std::memcmp(codes2.data(), codes.data(), codes.size()) == 0);
-  CHECK(std::memcmp(scales2.data(), scales.data(), scales.size() * 2) == 0);
+  int64_t n_normal = 0, moved = 0;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    if (!(float(scales[size_t(b)]) >= 0x1p-14f)) continue;  // f16's smallest normal is 2^-14
+    ++n_normal;
+    moved += std::memcmp(codes2.data() + b * 32, codes.data() + b * 32, 32) != 0 ||
+             std::memcmp(&scales2[size_t(b)], &scales[size_t(b)], sizeof(f16)) != 0;
+  }
+  CHECK(n_normal > n / 32 / 2);
+  CHECK(moved == 0);
 }
 
 TEST_CASE("quantize_q8_0: a block as GGUF's Q8_0 decoder reads it (f16 scale first, then 32 codes)") {
