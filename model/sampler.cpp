@@ -275,13 +275,16 @@ int32_t Sampler::sample_unsorted(const float* logits, int64_t n) {
   const double u = rng_.uniform() * total;
   double cum = 0;
   int64_t block = -1;  // the block the draw falls in; past the rounded total, the last with any weight
+  double before = 0;   // the sum of the blocks before it
   for (int64_t b = 0; b < n_blocks; ++b) {
     if (block_sums_[size_t(b)] == 0) continue;
     block = b;
+    before = cum;
     if (u < cum + block_sums_[size_t(b)]) break;
     cum += block_sums_[size_t(b)];
   }
   if (block < 0) return 0;  // no weight at all: NaN logits
+  cum = before;
   int64_t last = block * kDrawBlock;
   for (int64_t i = block * kDrawBlock, i1 = std::min(n, (block + 1) * kDrawBlock); i < i1; ++i) {
     if (w[i] == 0.0f) continue;
