@@ -5,7 +5,7 @@
 #
 #   bench/llama-cpp.sh [--build-only] [CLIENT ARGS...]
 #
-# The source is fetched once with `pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36` into the
+# The source (the llama-cpp-python 0.3.36 sdist, from the package index, its sha256 checked) is fetched once into the
 # cache folder ($CASCADE_LLAMA_CPP_CACHE, default ${XDG_CACHE_HOME:-~/.cache}/cascade-llama-cpp), which also keeps
 # the build. $CASCADE_LLAMA_CPP_SRC points at an unpacked llama.cpp source instead. llama.cpp is built for this
 # machine (GGML_NATIVE) with OpenMP, as its own build does by default.
@@ -35,9 +35,36 @@ if [ ! -f "$src/include/llama.h" ]; then
   tarball="$cache/llama_cpp_python-$version.tar.gz"
   if [ ! -f "$tarball" ]; then
     echo "llama-cpp.sh: downloading the llama-cpp-python $version source distribution into $cache" >&2
-    python3 -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$cache" \
-      > "$cache/download.log" 2>&1 || die "pip download of llama-cpp-python==$version failed (see $cache/download.log)"
-    [ -f "$tarball" ] || die "pip download gave no $tarball (see $cache/download.log)"
+    # The package index's page for the project names the file with its sha256; fetched from there, the file is
+    # the one pip would take. `pip download --no-binary :all:` gets the same file but first builds the sdist's
+    # build backend and every one of its build dependencies from source (tens of minutes on 2 cores): it is the
+    # fallback where the index has no such page.
+    index="${PIP_INDEX_URL:-https://pypi.org/simple}"
+    if ! python3 - "$index" "$version" "$tarball" > "$cache/download.log" 2>&1 <<'PY'
+import hashlib, re, sys, urllib.parse, urllib.request
+index, version, out = sys.argv[1].rstrip("/"), sys.argv[2], sys.argv[3]
+page = urllib.request.urlopen(f"{index}/llama-cpp-python/", timeout=60)
+html = page.read().decode()
+name = re.escape(f"llama_cpp_python-{version}.tar.gz")
+m = re.search(r'href="([^"]*/' + name + r'#sha256=([0-9a-f]{64}))"', html)
+if not m:
+    sys.exit(f"{index}/llama-cpp-python/ lists no {name} with a sha256")
+url = urllib.parse.urljoin(page.geturl(), m.group(1).replace("&amp;", "&"))
+data = urllib.request.urlopen(url, timeout=600).read()
+if hashlib.sha256(data).hexdigest() != m.group(2):
+    sys.exit(f"{url}: sha256 differs from the index's")
+with open(out + ".part", "wb") as f:
+    f.write(data)
+PY
+    then
+      rm -f "$tarball.part"
+      python3 -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$cache" \
+        >> "$cache/download.log" 2>&1 ||
+        die "download of llama-cpp-python==$version failed (see $cache/download.log)"
+    else
+      mv "$tarball.part" "$tarball"
+    fi
+    [ -f "$tarball" ] || die "the download gave no $tarball (see $cache/download.log)"
   fi
   tar -xzf "$tarball" -C "$cache" 2>"$cache/untar.log" || die "cannot unpack $tarball (see $cache/untar.log)"
   [ -f "$src/include/llama.h" ] || die "$tarball holds no vendor/llama.cpp"
