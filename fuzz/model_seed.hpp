@@ -73,7 +73,8 @@ struct ModelSeed {
   uint64_t block_count = 0;    // llama.block_count as written; 0: n_layer (a valid model)
   int n_ctx = 64;              // llama.context_length
   uint32_t random = 0;         // nonzero: f32 tensors drawn uniformly from [-1, 1] with this seed instead of the
-                               // pattern (tests that compare greedy texts want logits without its regularity)
+                               // pattern, Q8_0 matrices' codes uniformly from [-127, 127] (their scales stay
+                               // `scale`): tests that compare greedy texts want logits without its regularity
   float scale = 1.0f, min = 1.0f;  // the matrices' f16 block scales and q4_1 / K-quant mins (tensor_bytes)
   int f32_exp = 0;                 // f32 matrices' values times 2^f32_exp
 };
@@ -152,6 +153,10 @@ inline std::vector<uint8_t> model_file(const ModelSeed& s) {
         const float x = u(rng);
         std::memcpy(&b[k], &x, 4);
       }
+    } else if (s.random && t == TensorType::Q8_0 && matrix) {
+      std::uniform_int_distribution<int> u(-127, 127);
+      for (size_t k = 0; k + 34 <= b.size(); k += 34)  // a block: the f16 scale, then 32 int8 codes
+        for (size_t j = 2; j < 34; ++j) b[k + j] = uint8_t(int8_t(u(rng)));
     }
     w.add_tensor(name, t, std::move(ne), b.data());
   };
