@@ -568,12 +568,15 @@ TEST_CASE("llama: bf16 cache within the bf16 tolerance, on bf16 products and in 
 }
 
 // A q8_0 cache against the reference reading the same quantized K/V (head dim 64: the int8 products take it), so
-// what remains is the products' rounding (and, rarely, a code one step apart where the runtime's f32 K/V and the
-// reference's double straddle a rounding boundary). In f32 products (codes times scales) that is f32 rounding
-// (seen: 8e-6); on int8 products q is quantized to 8 bits per block of 32 (2^-8 of its block's largest value)
-// and the weights of P V to 16 bits, and the shared pass's bf16 tiles round code times scale and q to bf16: on
-// this model twice a bf16 cache's error from its storage (seen: 4.3e-2 against 2.0e-2; an f16 cache 2.1e-3).
-// A wrong scale, code or block lands at O(1).
+// what remains is the products' rounding, and a code one step apart wherever the runtime's f32 K/V and the
+// reference's double straddle a rounding boundary. Those are not rare: this model's K/V hold dozens of values
+// within 2e-4 of a boundary (in units of a code), about as far as f32 rounding moves them. One code step moves a
+// score by a 127th of its block's largest value times q: up to 1.7e-3 in the logits (seen on a Zen 3, AVX2 tier;
+// on a Zen 4's AVX-512 tier none straddled). So f32 products (codes times scales; f32 rounding alone: seen 8e-6)
+// are held to 5e-3. On int8 products q is quantized to 8 bits per block of 32 (2^-8 of
+// its block's largest value) and the weights of P V to 16 bits, and the shared pass's bf16 tiles round code times
+// scale and q to bf16: on this model twice a bf16 cache's error from its storage (seen: 4.3e-2 against 2.0e-2; an
+// f16 cache 2.1e-3). A wrong scale, code or block lands at O(1).
 TEST_CASE("llama: q8_0 cache against the reference on the same quantized K/V, on each products path") {
   Spec s;
   s.n_embd = 256, s.n_ff = 128, s.n_head = 4, s.n_head_kv = 2;
@@ -582,7 +585,7 @@ TEST_CASE("llama: q8_0 cache against the reference on the same quantized K/V, on
     bool int8, bf16;
     Tol tol;
   };
-  for (const Path& p : {Path{false, false, {1e-4, 1e-4}}, Path{true, false, {8e-2, 8e-2}},
+  for (const Path& p : {Path{false, false, {5e-3, 5e-3}}, Path{true, false, {8e-2, 8e-2}},
                         Path{false, true, {8e-2, 8e-2}}, Path{true, true, {8e-2, 8e-2}}}) {
     const cpu::Int8Products int8(p.int8);
     const cpu::Bf16Products bf16(p.bf16);
