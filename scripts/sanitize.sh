@@ -13,10 +13,12 @@ start=$SECONDS
 cxx=${CASCADE_SANITIZE_CXX:-g++}
 san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 # -O1: fast enough for the real-model tests, and keeps the stack traces readable. -g1: functions and line tables,
-# all a sanitizer's report shows, in less build time than full debug info.
+# all a sanitizer's report shows, in less build time than full debug info. CASCADE_KERNELS_ANY_HEAD_DIM: the
+# attention kernels compiled for any head dim only (the head dims 64 and 128 compiled on their own are the same
+# templates with a constant; the Release suite runs them): the avx2 kernels' unit in 38 s of CPU instead of 62.
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_CXX_FLAGS_DEBUG="" \
   -DCMAKE_CXX_FLAGS="-O1 -g1 $san" -DCMAKE_EXE_LINKER_FLAGS="$san" \
-  -DCASCADE_BUILD_BENCH=OFF -DCASCADE_CUDA=OFF -DCASCADE_FUZZ_REPLAY=ON >/dev/null
+  -DCASCADE_BUILD_BENCH=OFF -DCASCADE_CUDA=OFF -DCASCADE_FUZZ_REPLAY=ON -DCASCADE_KERNELS_ANY_HEAD_DIM=ON >/dev/null
 cmake --build build-asan -j2
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
