@@ -137,7 +137,10 @@ TEST_CASE("schedule: every output merges each key it sees exactly once, on the C
     shape.n_kv_heads = int(rng.uniform_int(1, 4));
     shape.n_q_heads = shape.n_kv_heads * rng.pick<int>({1, 2, 3, 4, 8});
     shape.head_dim = rng.pick<int>({32, 64, 80, 128});
-    const Tree tree = random_tree(rng, shape, 80, 1e12);  // lengths only: no budget to keep
+    const Tree drawn = random_tree(rng, shape, 80, 1e12);  // lengths only: no budget to keep
+    // A third under a sliding window (blocks and all on the CPU's target).
+    const Tree tree = rng.coin(0.3) ? drawn.with_window(rng.pick<int64_t>({1, 9, 255, 256, 257, 600, 5000})) : drawn;
+    CAPTURE(tree.window());
     Target cpu_target = cpu::target(0, shape.head_dim);
     cpu_target.n_items = double(rng.uniform_int(1, 64));
     cuda::ScheduleOptions copt;

@@ -10,13 +10,15 @@
 // Tokens are compared up to the first step where the plain reference's top two logits are within kTie of each
 // other (a near-tie, where rounding may pick either); the cases check that nearly all tokens were compared, and
 // that the window changes the tokens (the same prompts decoded without it differ), so that an engine ignoring
-// the window cannot pass.
+// the window cannot pass. And on f16 K/V, with a window longer than an attention block, a request's log-probabilities
+// have the same bits alone and beside requests that share its beginning (batch invariance, docs/serving.md).
 #include "cascade/simd.hpp"  // before oneTBB and Eigen, which include the intrinsics too
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -50,10 +52,10 @@ struct TinyModel {
   gguf::File file;
   Tokenizer tok;
   llama::Model model;
-  explicit TinyModel(const oracle::TinySpec& s)
+  explicit TinyModel(const oracle::TinySpec& s, llama::LinearPath linear = llama::LinearPath::f32)
       : file(gguf::File::from_bytes(oracle::write_tiny(s), s.name + ".gguf")),
         tok(load_vocab(file)),
-        model(llama::Model::load(file, llama::LinearPath::f32)) {}
+        model(llama::Model::load(file, linear)) {}
 };
 
 oracle::TinySpec window_spec(const std::string& arch) {
@@ -299,5 +301,140 @@ TEST_CASE("server window: prefixes cached across requests around the window's ed
     // Near-ties are rare: nearly every token was compared.
     CHECK(n_compared >= n_tokens * 9 / 10);
     MESSAGE(arch << ": " << n_compared << " of " << n_tokens << " tokens compared");
+  }
+}
+
+namespace {
+
+// What a request's events say of each choice: its tokens' ids and log-probabilities (the chosen token's and the top
+// alternatives'), whose bits follow the bits of the logits.
+struct Logprobs {
+  std::vector<std::vector<TokenLogprob>> choices;
+  bool ended = false;
+  std::string error;
+};
+
+Logprobs run_logprobs(Engine& e, std::vector<std::pair<GenRequest, bool>> requests, int steps_between) {
+  std::vector<std::shared_ptr<Ticket>> tickets;
+  std::vector<Logprobs> got(requests.size());
+  size_t next = 0;
+  for (int step = 0; step < 20000; ++step) {
+    if (next < requests.size() && (step % std::max(1, steps_between) == 0 || steps_between == 0)) {
+      REQUIRE(e.check(requests[next].first).ok());
+      Engine::Admission why;
+      tickets.push_back(e.submit(requests[next].first, &why));
+      REQUIRE(tickets.back());
+      ++next;
+    }
+    bool all = next == requests.size();
+    for (size_t i = 0; i < tickets.size(); ++i) {
+      std::vector<Event> ev;
+      tickets[i]->wait(ev, std::chrono::milliseconds(0));
+      for (const Event& x : ev) {
+        if (x.kind == Event::Kind::text)
+          for (const server::TokenInfo& t : x.tokens) {
+            if (size_t(x.index) >= got[i].choices.size()) got[i].choices.resize(size_t(x.index) + 1);
+            got[i].choices[size_t(x.index)].push_back(t.lp);
+          }
+        if (x.kind == Event::Kind::error) got[i].error = x.text;
+        got[i].ended = got[i].ended || x.kind == Event::Kind::done || x.kind == Event::Kind::error;
+      }
+      all = all && got[i].ended;
+    }
+    if (all) break;
+    e.step();
+    e.check_state();
+  }
+  for (size_t i = 0; i < requests.size(); ++i)
+    if (requests[i].second) return got[i];
+  return {};
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+
+}  // namespace
+
+// Batch invariance under sliding windows (docs/serving.md, "Determinism"): on the default path (f16 K/V, the linear
+// layers' quantized path; the f32 path's products are not batch-invariant), a request's log-probabilities have the
+// same bits alone and beside other requests that share its beginning up to a block's end, its windows' starts and
+// points around them, prefilled in other chunks, by every method but unified. The window (300 keys) is longer than a
+// block of attention keys (256), so its rows' windows start inside blocks.
+TEST_CASE("server window: a request's log-probabilities have the same bits alone and beside others") {
+  oracle::TinySpec s = window_spec("gemma3");
+  s.name = "gemma3-window-blocks";
+  s.n_swa = 300;
+  s.n_ctx = 1024;
+  const TinyModel m(s, llama::LinearPath::quantized);
+  REQUIRE(m.model.hparams().n_swa == s.n_swa);
+  std::mt19937 rng(17);
+  const auto random_tokens = [&](std::vector<int32_t> p, int n) {
+    while (int(p.size()) < n) p.push_back(int32_t(3 + rng() % 61));
+    return p;
+  };
+  const std::vector<int32_t> prompt = random_tokens({}, 700);
+  // Its last prompt row (position 699) sees keys 400.. and its first decoding rows from 401 on.
+  const auto sharing = [&](int n_shared, int n) {
+    std::vector<int32_t> p(prompt.begin(), prompt.begin() + n_shared);
+    p.push_back(int32_t(3 + (prompt[size_t(n_shared)] - 3 + 1) % 61));
+    return random_tokens(p, n);
+  };
+  GenRequest want;
+  want.prompt = prompt;
+  want.n = 2;
+  want.max_tokens = 40;
+  want.sampling.temp = 0.8f;
+  want.sampling.seed = 5;
+  want.ignore_eos = true;
+  want.logprobs = 4;
+  const auto other = [&](std::vector<int32_t> p, int max_tokens, uint64_t seed) {
+    GenRequest r = want;
+    r.prompt = std::move(p);
+    r.n = 1;
+    r.max_tokens = max_tokens;
+    r.sampling.seed = seed;
+    return r;
+  };
+  const auto config = [](AttnMethod method, int n_batch) {
+    EngineConfig c;
+    c.attn = method;
+    c.n_parallel = 8;
+    c.n_ctx = 1024;
+    c.n_batch = n_batch;
+    c.n_threads = 2;
+    c.max_queue = 16;
+    return c;
+  };
+  Engine e0(m.model, m.tok, config(AttnMethod::cascade, 256));
+  const Logprobs alone = run_logprobs(e0, {{want, true}}, 0);
+  REQUIRE(alone.error.empty());
+  REQUIRE(alone.choices.size() == 2);
+  REQUIRE(alone.choices[0].size() == 40);
+  for (AttnMethod method : {AttnMethod::cascade, AttnMethod::auto_, AttnMethod::split}) {
+    CAPTURE(std::string(attn_method_name(method)));
+    Engine e(m.model, m.tok, config(method, 37));
+    const Logprobs busy = run_logprobs(e,
+                                       {{other(sharing(256, 720), 30, 1), false},
+                                        {other(sharing(400, 650), 50, 2), false},
+                                        {want, true},
+                                        {other(sharing(401, 705), 20, 3), false},
+                                        {other(sharing(130, 300), 45, 4), false},
+                                        {other(sharing(520, 800), 10, 6), false},
+                                        {other(prompt, 35, 7), false}},
+                                       3);
+    REQUIRE(busy.error.empty());
+    REQUIRE(busy.choices.size() == alone.choices.size());
+    for (size_t c = 0; c < alone.choices.size(); ++c) {
+      CAPTURE(c);
+      REQUIRE(busy.choices[c].size() == alone.choices[c].size());
+      int64_t differ = 0;
+      for (size_t i = 0; i < alone.choices[c].size(); ++i) {
+        const TokenLogprob &a = alone.choices[c][i], &b = busy.choices[c][i];
+        bool same = a.token == b.token && same_bits(a.logprob, b.logprob) && a.top.size() == b.top.size();
+        for (size_t k = 0; same && k < a.top.size(); ++k)
+          same = a.top[k].first == b.top[k].first && same_bits(a.top[k].second, b.top[k].second);
+        differ += !same;
+      }
+      CHECK(differ == 0);
+    }
   }
 }

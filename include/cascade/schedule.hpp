@@ -26,6 +26,13 @@
 // the blocks it holds from such a span's first one on, and its other blocks are states of their own, which the
 // output folds in the same order (out_fold); the spans' states then merge as above.
 //
+// Under a sliding window the blocks stay those of absolute positions: a row's first visible block is masked from the
+// front (its `first`) as its last may be from the back (its `limit`), and the states of blocks a row does not see at
+// all are empty, which every merge passes over exactly (state.hpp). Where a tile's rows see nothing before some key of
+// a pass, its first item starts there, rounded down to Target::key_step (the kernels' steps, which leave a state that
+// has seen nothing as it was): so its first state has the bits of its block read whole, without reading the keys
+// behind every window.
+//
 // Partial states live in `slots`: item it writes its state k (one per block or fold, item_states; one in all
 // without blocks), KV head it.kvh + h and stacked row e to slot it.slot + (k * it.heads + h) * (it.e1 - it.e0) +
 // (e - it.e0). A workspace holds o (n_slots, head_dim) then lse (n_slots), natural log: n_slots * (head_dim + 1)
@@ -67,6 +74,8 @@ struct Target {
   bool cut_at_joins = false;    // items never straddle two segments of a chain (kernels reading one span)
   int n_threads = 0;            // CPU: threads the items run on (0: the caller's arena); others ignore it
   int64_t block = 0;            // > 0: batch-invariant blocks of this many keys (above; chunk_align its multiple)
+  int64_t key_step = 0;         // > 0 (blocks): a tile's first item may start on a multiple of this inside a block
+                                // (the keys before it masked for all its rows: above); 0: items start on blocks
   int64_t fold = 0;             // > block: the blocks of a span of this many positions fold into one state
 
   // The kernel (0 or 1) of a pass with rows_per_head stacked rows per KV head.
@@ -130,16 +139,18 @@ struct Schedule {
   static int64_t slot_of(const Item& it, int kvh, int64_t e, int64_t k = 0) {
     return it.slot + (k * it.heads + (kvh - it.kvh)) * (it.e1 - it.e0) + (e - it.e0);
   }
+  // Blocks: the end of the block holding pass key t (a pass starts on a block, align_passes).
+  int64_t block_end(int64_t t) const { return (t / block + 1) * block; }
   // Whether keys from pass key t of pass p start a span of `fold` positions.
   bool starts_fold(int p, int64_t t) const { return fold > 0 && (passes[size_t(p)].origin + t) % fold == 0; }
   // Calls f(k, a, b) for the states of item it in order: state k holds keys [a, b) of its pass. Without blocks, one
-  // state; with blocks, one per block, except that blocks after one that starts a fold span (in the item) join its
-  // state up to the span's end.
+  // state; with blocks, one per block (the first from the item's first key, which may lie inside its block: Target::
+  // key_step), except that blocks after one that starts a fold span (in the item) join its state up to the span's end.
   template <class F>
   void item_states(const Item& it, F f) const {
     if (block <= 0) return f(int64_t(0), it.t0, it.t1);
     int64_t k = 0, a = it.t0;
-    for (int64_t x = it.t0 + block; x < it.t1; x += block)
+    for (int64_t x = block_end(it.t0); x < it.t1; x += block)
       if (!starts_fold(it.pass, a) || starts_fold(it.pass, x)) {
         f(k++, a, x);
         a = x;
@@ -215,13 +226,17 @@ inline int64_t chunk_step(const Target& t, double cost_per_key, int64_t span, do
 // Batch-invariant blocks of C keys (file comment): where a pass's keys end past a multiple of C and passes continue
 // below it, its keys from that multiple on join the front of every pass below it, and its rows that continue below
 // it stop there. Passes go parents first, so a pass below takes the keys its parent was given too. Every pass then
-// starts on a multiple of C. Rows whose sequence ends in the pass keep seeing all of it. Needs no sliding window.
+// starts on a multiple of C. Rows whose sequence ends in the pass keep seeing all of it. Under a sliding window a
+// row's `first` moves with its pass's keys: a row below sees the moved keys from where its window starts among them
+// (all of them where it starts above them, none where it starts below), and a row that stops at the cut sees nothing
+// of its pass where its window starts past it.
 inline void align_passes(Schedule& s, const Tree& tree, const std::vector<int>& row_leaf, int64_t C) {
   const size_t n_pass = s.passes.size();
   std::vector<std::vector<Schedule::PassSegment>> segs(n_pass);
   std::vector<int> depth(n_pass, 0), order(n_pass);
   std::vector<int64_t> start(n_pass, 0);  // absolute position of each pass's first key
-  std::vector<int64_t> above(size_t(tree.n_rows()), 0);  // a row's limit in the pass being moved from
+  // A row's limit and first in the pass being moved from.
+  std::vector<int64_t> above(size_t(tree.n_rows()), 0), above_first(size_t(tree.n_rows()), 0);
   for (size_t p = 0; p < n_pass; ++p) {
     const Schedule::Pass& ps = s.passes[p];
     segs[p].assign(s.segs.begin() + ps.seg_begin, s.segs.begin() + ps.seg_end);
@@ -243,8 +258,10 @@ inline void align_passes(Schedule& s, const Tree& tree, const std::vector<int>& 
         const int64_t skip = std::max<int64_t>(0, cut - g.start);
         tail.push_back({g.seg, 0, g.from + skip, g.n_tokens - skip});
       }
-    for (int64_t r = ps.row_begin; r < ps.row_begin + ps.n_token_rows; ++r)
+    for (int64_t r = ps.row_begin; r < ps.row_begin + ps.n_token_rows; ++r) {
       above[size_t(s.rows[size_t(r)].q_row)] = s.rows[size_t(r)].limit;
+      above_first[size_t(s.rows[size_t(r)].q_row)] = s.rows[size_t(r)].first;
+    }
     bool below = false;
     for (size_t q = 0; q < n_pass; ++q) {
       if (tree.parent(s.segs[size_t(s.passes[q].seg_begin)].seg) != parent_seg) continue;  // not below p
@@ -258,16 +275,27 @@ inline void align_passes(Schedule& s, const Tree& tree, const std::vector<int>& 
       }
       s.passes[q].n_tokens += moved;
       start[q] -= moved;
-      // A row below sees the moved keys up to its position: all of them where it sees any key of its own pass.
+      // A row below sees the moved keys up to its position: all of them where it sees any key of its own pass. Its
+      // window starts where it did: inside its own pass (first > 0: as many keys further on), or at or before the
+      // pass's start (first 0: from where it starts in the moved keys, at 0 where it starts above them).
       for (int64_t r = 0; r < s.passes[q].n_token_rows; ++r) {
         Schedule::Row& row = s.rows[size_t(s.passes[q].row_begin + r)];
-        row.limit = row.limit > 0 ? row.limit + moved : std::max<int64_t>(0, above[size_t(row.q_row)] - cut);
+        const int64_t from_above = std::max<int64_t>(0, above_first[size_t(row.q_row)] - cut);
+        if (row.limit > 0) {
+          row.first = row.first > 0 ? row.first + moved : from_above;
+          row.limit += moved;
+        } else {
+          row.limit = std::max<int64_t>(0, above[size_t(row.q_row)] - cut);
+          row.first = std::min(from_above, row.limit);
+        }
       }
     }
     if (!below) continue;
     for (int64_t r = 0; r < ps.n_token_rows; ++r) {
       Schedule::Row& row = s.rows[size_t(ps.row_begin + r)];
-      if (row_leaf[size_t(row.q_row)] != parent_seg) row.limit = std::min(row.limit, cut);
+      if (row_leaf[size_t(row.q_row)] == parent_seg) continue;
+      row.limit = std::min(row.limit, cut);
+      row.first = std::min(row.first, row.limit);
     }
   }
   s.segs.clear();
@@ -303,7 +331,9 @@ inline void add_chunk_items(Schedule& s, const Target& t, int p, Schedule::Item 
 // The items of every pass (step 2): picks each pass's kernel, tiles its rows, chunks its keys.
 inline void add_items(Schedule& s, const HeadShape& shape, const Target& t) {
   CASCADE_CHECK((t.few_kernel == 0 || t.few_kernel == 1) && t.min_chunk > 0 && t.chunk_align > 0 && t.n_items > 0 &&
-                    t.block >= 0 && (t.block == 0 || (t.chunk_align % t.block == 0 && t.fold % t.block == 0)),
+                    t.block >= 0 && t.key_step >= 0 &&
+                    (t.block == 0 || (t.chunk_align % t.block == 0 && t.fold % t.block == 0 &&
+                                      (t.key_step == 0 || t.block % t.key_step == 0))),
                 "schedule: incomplete target");
   const int group = shape.group(), n_kvh = shape.n_kv_heads;
   const auto cost_per_key = [&](const KernelTile& k, int64_t rows, int heads) {
@@ -342,11 +372,15 @@ inline void add_items(Schedule& s, const HeadShape& shape, const Target& t) {
           span = std::max(span, row.limit);
         }
         if (span <= lo) continue;
-        lo -= lo % t.chunk_align;  // chunk boundaries stay on the target's multiples
+        // Chunk boundaries stay on the target's multiples; with blocks the first chunk starts at the key step
+        // holding the tile's first key seen (the keys of its block before it are masked for every row: file
+        // comment).
+        const int64_t first = t.block > 0 && t.key_step > 0 ? lo - lo % t.key_step : -1;
+        lo -= lo % t.chunk_align;
         const int64_t step = chunk_step(t, cost_per_key(k, e1 - e0, heads), span - lo, per_item);
         for (int64_t t0 = lo; t0 < span;) {
           const int64_t t1 = span - t0 > step ? t0 + step : span;
-          add_chunk_items(s, t, p, {p, kvh, heads, e0, e1, t0, t1, 0});
+          add_chunk_items(s, t, p, {p, kvh, heads, e0, e1, std::max(t0, first), t1, 0});
           t0 = t1;
         }
       }
@@ -410,7 +444,6 @@ inline Schedule make_schedule(const Tree& tree, const Target& target) {
     if (!sq.path.empty()) std::fill_n(row_leaf.begin() + sq.row_begin, sq.n_query, sq.path.back());
   }
   Target t = target;
-  if (tree.window() > 0) t.block = 0;  // blocks and sliding windows: not implemented (docs/serving.md)
   for (int q = 0; q < tree.n_sequences(); ++q)  // no blocks past 2^31 keys: states per block would not fit
     if (tree.sequence(q).n_keys > (int64_t(1) << 31)) t.block = 0;
   if (t.block > 0) schedule_detail::align_passes(s, tree, row_leaf, t.block);
@@ -466,6 +499,8 @@ inline void verify_schedule(const Tree& tree, const Schedule& s) {
                       it.e0 < it.e1 && it.e1 <= ps.n_token_rows * group && it.t0 >= 0 && it.t0 < it.t1 &&
                       it.t1 <= ps.n_tokens,
                   "schedule: item ", i, " is out of its pass");
+    CASCADE_CHECK(s.block == 0 || ps.origin % s.block == 0, "schedule: item ", i, "'s pass starts at position ",
+                  ps.origin, ", off a block of ", s.block);
     for (int64_t k = it.slot; k < it.slot + it.n_states * it.heads * (it.e1 - it.e0); ++k) {
       CASCADE_CHECK(k >= 0 && k < s.n_slots && slot_item[size_t(k)] < 0, "schedule: slot ", k, " written twice");
       slot_item[size_t(k)] = int64_t(i);

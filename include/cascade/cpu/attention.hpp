@@ -85,6 +85,9 @@ inline Target target(int n_threads, int head_dim, const KernelOptions& kernels =
   if (kernels.batch_invariant) {
     t.block = t.chunk_align = kBlockKeys;
     t.fold = kFoldKeys;
+    // Both kernels' online softmax steps kTileStep keys from a call's first: a tile's first item under a sliding
+    // window starts on the step holding its first key seen (schedule.hpp).
+    t.key_step = kTileStep;
   }
   return t;
 }
@@ -94,7 +97,7 @@ inline Target target(const Options& opt, int head_dim) {
   // portable tier): none there.
   if (!t.kernel_choices(kTiledKernel, opt.kv_dtype).batch_invariant ||
       !t.kernel_choices(kFewRowsKernel, opt.kv_dtype).batch_invariant) {
-    t.block = t.fold = 0;
+    t.block = t.fold = t.key_step = 0;
     t.chunk_align = 1;
   }
   return t;
@@ -450,9 +453,9 @@ inline void attend_block(const Plan& plan, const std::vector<KvView>& kv, const 
   s.kernel.keys_after = 0;
 }
 
-// Attends one item of a plan: its tokens [t0, t1) of the pass; or, with batch-invariant blocks, each block in turn,
-// the blocks of a state after its first merged into it left to right (Schedule::item_states), each state at its
-// slots (Schedule::slot_of).
+// Attends one item of a plan: its tokens [t0, t1) of the pass; or, with batch-invariant blocks, each block in turn
+// (the first from the item's first key, which may lie inside it under a sliding window), the blocks of a state after
+// its first merged into it left to right (Schedule::item_states), each state at its slots (Schedule::slot_of).
 inline void attend_plan_item(const Plan& plan, const std::vector<KvView>& kv, const float* q,
                              const Schedule::Item& it, ItemScratch& s, float* o_it, float* lse_it) {
   const Schedule& sc = plan.schedule();
@@ -462,22 +465,25 @@ inline void attend_plan_item(const Plan& plan, const std::vector<KvView>& kv, co
   sc.item_states(it, [&](int64_t k, int64_t a, int64_t b) {
     float* o = o_it + k * states * d;
     float* lse = lse_it + k * states;
-    const int64_t step = sc.block > 0 ? sc.block : b - a;
-    for (int64_t x = a; x < b; x += step) {
+    s.kernel.next = after;
+    if (sc.block <= 0) {
+      s.kernel.same_q = false;
+      attend_keys(plan, kv, it, a, b, s, o, lse);
+      return;
+    }
+    for (int64_t x = a; x < b;) {
+      const int64_t y = std::min(b, sc.block_end(x));
       s.kernel.next = after;
-      s.kernel.same_q = sc.block > 0 && x > it.t0;  // one kernel call per block: the queries packed once
-      if (sc.block <= 0) {
-        attend_keys(plan, kv, it, a, b, s, o, lse);
-        break;
-      }
+      s.kernel.same_q = x > it.t0;  // one kernel call per block: the queries packed once
       if (x == a) {
-        attend_block(plan, kv, it, x, std::min(b, x + step), s, o, lse);
-        continue;
+        attend_block(plan, kv, it, x, y, s, o, lse);
+      } else {
+        s.o3.resize(size_t(states * (d + 1)));
+        attend_block(plan, kv, it, x, y, s, s.o3.data(), s.o3.data() + states * d);
+        for (int64_t r = 0; r < states; ++r)
+          merge_state_inplace(o + r * d, lse + r, s.o3.data() + r * d, s.o3[size_t(states * d + r)], d);
       }
-      s.o3.resize(size_t(states * (d + 1)));
-      attend_block(plan, kv, it, x, std::min(b, x + step), s, s.o3.data(), s.o3.data() + states * d);
-      for (int64_t r = 0; r < states; ++r)
-        merge_state_inplace(o + r * d, lse + r, s.o3.data() + r * d, s.o3[size_t(states * d + r)], d);
+      x = y;
     }
   });
   s.kernel.same_q = false;
