@@ -55,10 +55,17 @@ __attribute__((target("avx2,avxvnni"), noinline)) inline int64_t run_vnni256(int
 __attribute__((target("avx2"), noinline)) inline int64_t run_maddubs(int64_t iters, int seed) {
   __m256i acc[kChains];
   for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_epi32(c + seed);
-  const __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(int8_t(seed | 1)), one = _mm256_set1_epi16(1);
-  for (int64_t i = 0; i < iters; ++i)
+  // The products take no accumulator, so with constant operands the compiler would make them once, outside the
+  // loop, and time the additions alone: `a` is made opaque every iteration, and each chain has its own b (no
+  // product is the same as another's).
+  __m256i a = _mm256_set1_epi8(3), b[kChains];
+  for (int c = 0; c < kChains; ++c) b[c] = _mm256_set1_epi8(int8_t((seed + 2 * c) | 1));
+  const __m256i one = _mm256_set1_epi16(1);
+  for (int64_t i = 0; i < iters; ++i) {
+    __asm__ volatile("" : "+x"(a));
     for (int c = 0; c < kChains; ++c)
-      acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), one));
+      acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b[c]), one));
+  }
   __m256i s = acc[0];
   for (int c = 1; c < kChains; ++c) s = _mm256_add_epi32(s, acc[c]);
   return _mm256_extract_epi32(s, 0) + _mm256_extract_epi32(s, 7);
