@@ -290,6 +290,52 @@ TEST_CASE("linear: a row's output is the same bits alone, in batches of 1 to 40 
   }
 }
 
+// Every code at its largest (bytes 0xff: 15, 31, 63; q8_0's -1) or at q8_0's largest magnitude (bytes 0x80: -128)
+// against rows of X whose codes are all +127 or all -127: the sums the avx2 tier adds in 16 bits (vpmaddubsw
+// pairs, several of them before widening) are at their largest, and every tier must still give the portable
+// tier's bits.
+TEST_CASE("linear: the largest codes against full-scale activations give every tier the portable tier's bits") {
+  const int64_t n_in = 512, n_out = 32;
+  for (TensorType t : kTypes) {
+    if (!linear::can_pack(t)) continue;
+    CAPTURE(gguf::type_name(t));
+    for (uint8_t fill : {uint8_t(0xff), uint8_t(0x80)}) {
+      CAPTURE(int(fill));
+      std::vector<uint8_t> m(gguf::row_bytes(t, n_in) * uint64_t(n_out), fill);
+      const uint64_t bb = gguf::block_bytes(t);
+      for (uint64_t at = 0; at < m.size(); at += bb) {
+        uint8_t* b = m.data() + at;
+        if (t == TensorType::Q6_K) put_half(b + 208, 0.01f);
+        else put_half(b, 0.01f);
+        if (t == TensorType::Q4_1 || t == TensorType::Q4_K || t == TensorType::Q5_K) put_half(b + 2, 0.02f);
+      }
+      const auto w = linear::Matrix::view(t, m.data(), n_in, n_out);
+      std::vector<uint8_t> packed;
+      const auto p = maybe_packed(w, true, packed);
+      for (int64_t n : {1, 2, 3, 4, 5, 8, 9}) {
+        CAPTURE(n);
+        std::vector<float> x(size_t(n * n_in));
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t k = 0; k < n_in; ++k) x[size_t(r * n_in + k)] = r % 2 ? -1.0f : 1.0f;
+        std::vector<float> ref(size_t(n * n_out));
+        {
+          const linear::Input in(x.data(), n, n_in);
+          linear::matmul(w, in, ref.data(), Path::portable);
+        }
+        for (Path path : runnable_paths()) {
+          CAPTURE(linear::path_name(path));
+          for (const linear::Matrix* v : {&w, &p}) {
+            std::vector<float> y(size_t(n * n_out), 0.0f);
+            const linear::Input in(x.data(), n, n_in);
+            linear::matmul(*v, in, y.data(), path);
+            CHECK(std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)) == 0);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("linear: a larger product, rows of X in several blocks, the default path") {
   std::mt19937 rng(7);
   for (TensorType t : {TensorType::Q4_1, TensorType::Q8_0, TensorType::Q6_K, TensorType::F16}) {
