@@ -227,7 +227,7 @@ TEST_CASE("sliding window: segments outside every window skipped, partly inside 
   }
 }
 
-TEST_CASE("sliding window: a shared prefix behind every window is attended by nobody; the rest is exact") {
+TEST_CASE("sliding window: a shared prefix behind every window is attended by nobody, the rest is exact") {
   const uint64_t seed = test::fresh_seed();
   INFO("CASCADE_TEST_SEED=" << seed);
   Rng rng(seed);

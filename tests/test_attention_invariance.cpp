@@ -423,7 +423,7 @@ TEST_CASE("schedule: under a sliding window, blocks of absolute positions, each 
   }
 }
 
-TEST_CASE("schedule: random trees under a sliding window keep blocks; a tile's first item starts on a key step") {
+TEST_CASE("schedule: random trees under a sliding window keep blocks, a tile's first item starts on a key step") {
   const uint64_t seed = test::fresh_seed();
   INFO("seed " << seed);
   Rng rng(seed);

@@ -672,7 +672,7 @@ TEST_CASE("generate: -t above the hardware threads is capped with one note of ou
 // cascade-perplexity on the real model over the start of bench/coriolanus.txt: a perplexity that says something,
 // the K/V types' KL divergence from a saved f32 run (f16: nothing; q8_0: more than nothing, every token's top
 // choice nearly always kept), and bad input as one error line. Its definition is checked in test_llama.cpp.
-TEST_CASE("perplexity tool: a run, a saved run and the KL divergence from it; bad input") {
+TEST_CASE("perplexity tool: a run, a saved run and the KL divergence from it, bad input") {
   require_model();
   const std::string tool = CASCADE_BINARY_DIR "/tools/cascade-perplexity";
   const std::string text = tool_run::temp_path("ppl_text"), saved = tool_run::temp_path("ppl_saved");

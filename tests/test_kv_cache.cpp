@@ -205,7 +205,7 @@ TEST_CASE("kv cache: the tree changes between steps while sequences run: fork, s
 
 TEST_CASE("kv cache: q8_0 K/V while the tree changes: fork, split, release, ids reused") { tree_changes(DType::q8_0); }
 
-TEST_CASE("kv cache: reserved segments hold exactly their final length; a split gives back the moved tokens' room") {
+TEST_CASE("kv cache: reserved segments hold exactly their final length, a split gives back the moved tokens' room") {
   const uint64_t seed = test::fresh_seed();
   INFO("CASCADE_TEST_SEED=" << seed);
   for (DType dt : {DType::f32, DType::q8_0}) {

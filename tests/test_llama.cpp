@@ -642,7 +642,7 @@ TEST_CASE("llama: a q8_0 cache generates the same text twice with every method")
 // K/V give it to f32 rounding. KL divergence: the saved (f16) log-probabilities of the reference against its logits
 // at another temperature, against the KL computed here in double (f16's rounding of a log-probability,
 // 2^-11 relative, bounds the difference).
-TEST_CASE("perplexity: windows scored as llama.cpp does, against exp(mean NLL) of the reference; KL divergence") {
+TEST_CASE("perplexity: windows scored as llama.cpp does, against exp(mean NLL) of the reference, KL divergence") {
   const Tiny t = make_tiny(Spec{}, 14);
   const gguf::File file = gguf::File::from_bytes(t.bytes, "tiny.gguf");
   const llama::Model model = llama::Model::load(file, llama::LinearPath::f32);

@@ -117,7 +117,7 @@ TEST_CASE("quantize_q8_0: zero blocks, NaN and infinity, huge values, and counts
                        doctest::Contains("not whole blocks"), Error);
 }
 
-TEST_CASE("q8_0 views: the reference reads code x scale, contiguous and paged; bad views are refused") {
+TEST_CASE("q8_0 views: the reference reads code x scale, contiguous and paged, bad views are refused") {
   const uint64_t seed = fresh_seed();
   INFO("CASCADE_TEST_SEED=" << seed);
   std::mt19937_64 rng(seed);

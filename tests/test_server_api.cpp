@@ -84,7 +84,7 @@ json parse(const std::string& s) { return json::parse(s); }
 
 }  // namespace
 
-TEST_CASE("server api: routing, keys and refusals without a socket; refusals leave the engine untouched") {
+TEST_CASE("server api: routing, keys and refusals without a socket, refusals leave the engine untouched") {
   REQUIRE_MESSAGE(std::filesystem::exists(CASCADE_MODEL_PATH), "run `bash scripts/setup.sh` for the model");
   Served s(CASCADE_MODEL_PATH, "k3y");
   const std::string key = "Bearer k3y";
@@ -392,7 +392,7 @@ TEST_CASE("server api: every error carries a code, and param where one field is 
   CHECK(s.engine.metrics().requests == 0);
 }
 
-TEST_CASE("server api: max_tokens by default and at most --max-tokens; a chat without it stops within the context") {
+TEST_CASE("server api: max_tokens by default and at most --max-tokens, a chat without it stops within the context") {
   REQUIRE_MESSAGE(std::filesystem::exists(CASCADE_MODEL_PATH), "run `bash scripts/setup.sh` for the model");
   {
     Served s(CASCADE_MODEL_PATH, "", 3);

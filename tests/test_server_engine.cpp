@@ -387,7 +387,7 @@ std::vector<float> reference_logits(const llama::Model& model, const std::vector
 
 }  // namespace
 
-TEST_CASE("server engine: logprobs are the log-softmax of the model's logits; penalties and bias pick the token") {
+TEST_CASE("server engine: logprobs are the log-softmax of the model's logits, penalties and bias pick the token") {
   const Loaded& m = loaded(true);
   const auto prompts = encode_all(m.tok, kPrompts);
   const int64_t V = m.tok.n_vocab();
