@@ -66,9 +66,10 @@ struct Served {
   llama::Model model;
   server::Engine engine;
   server::Api api;
-  // The f32 linear path, so that two greedy choices of one prompt are the same text (see test_server_engine.cpp).
+  // The default (int8) linear path: its reductions are batch-invariant, so two greedy choices of one prompt are
+  // the same text.
   explicit Served(const char* path, const std::string& key, int max_tokens = 0)
-      : file(gguf::File::open(path)), tok(load_vocab(file)), model(llama::Model::load(file, llama::LinearPath::f32)),
+      : file(gguf::File::open(path)), tok(load_vocab(file)), model(llama::Model::load(file)),
         engine(model, tok, [] {
           server::EngineConfig c;
           c.attn = AttnMethod::cascade;
