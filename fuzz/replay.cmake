@@ -10,6 +10,11 @@ set(seed_dir ${PROJECT_BINARY_DIR}/fuzz-replay-seeds)
 set(fuzz_defs CASCADE_EXTERN_KERNELS=1 CASCADE_TESTDATA_DIR="${PROJECT_SOURCE_DIR}/tests/data"
               CASCADE_MODEL_PATH="${PROJECT_SOURCE_DIR}/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 
+# replay_main.cpp once, for every target.
+add_library(fuzz_replay_main OBJECT ${fuzz_dir}/replay_main.cpp)
+target_link_libraries(fuzz_replay_main PRIVATE cascade_flags)
+target_compile_options(fuzz_replay_main PRIVATE ${cascade_test_opts})
+
 add_executable(fuzz_seeds_writer ${fuzz_dir}/fuzz_seeds.cpp)
 target_link_libraries(fuzz_seeds_writer PRIVATE cascade_model cascade_flags)
 target_compile_definitions(fuzz_seeds_writer PRIVATE ${fuzz_defs})
@@ -17,8 +22,9 @@ add_test(NAME "fuzz replay: write the seeds" COMMAND fuzz_seeds_writer ${seed_di
 set_tests_properties("fuzz replay: write the seeds" PROPERTIES FIXTURES_SETUP fuzz_seeds)
 
 foreach(name gguf tokenizer plan model request)
-  add_executable(fuzz_replay_${name} ${fuzz_dir}/fuzz_${name}.cpp ${fuzz_dir}/replay_main.cpp)
+  add_executable(fuzz_replay_${name} ${fuzz_dir}/fuzz_${name}.cpp $<TARGET_OBJECTS:fuzz_replay_main>)
   target_link_libraries(fuzz_replay_${name} PRIVATE cascade_model cascade_flags)
+  target_compile_options(fuzz_replay_${name} PRIVATE ${cascade_test_opts})
   target_compile_definitions(fuzz_replay_${name} PRIVATE ${fuzz_defs})
   add_test(NAME "fuzz replay: ${name}"
            COMMAND fuzz_replay_${name} --mutate ${CASCADE_FUZZ_REPLAY_SECONDS} ${seed_dir}/${name}
