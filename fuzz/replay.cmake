@@ -12,7 +12,7 @@ set(fuzz_defs CASCADE_EXTERN_KERNELS=1 CASCADE_TESTDATA_DIR="${PROJECT_SOURCE_DI
 
 # replay_main.cpp once, for every target.
 add_library(fuzz_replay_main OBJECT ${fuzz_dir}/replay_main.cpp)
-target_link_libraries(fuzz_replay_main PRIVATE cascade_flags)
+target_link_libraries(fuzz_replay_main PRIVATE cascade cascade_flags)  # C++20 and the build's flags
 target_compile_options(fuzz_replay_main PRIVATE ${cascade_test_opts})
 
 add_executable(fuzz_seeds_writer ${fuzz_dir}/fuzz_seeds.cpp)
