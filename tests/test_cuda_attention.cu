@@ -1,5 +1,5 @@
 // The CUDA path (cascade/cuda) against the double-precision reference on fresh random problems: cascade,
-// split and unified through cuda::Workspace, f16 and bf16 K/V, paged and contiguous storage (aligned rows:
+// split and unified through cuda::Workspace, f16, bf16 and q8_0 K/V, paged and contiguous storage (aligned rows:
 // the 16-byte copy path; padded rows: the element copy path), trees, several query tokens, every head dim
 // with a kernel, the edge cases, extreme scores, the device merge kernels, graph capture, and bad input.
 // Without a CUDA device every case that needs one prints "no CUDA device: skipped" (ctest: skipped).
@@ -75,8 +75,12 @@ std::vector<T> download(const DeviceBuffer& b, size_t n) {
 struct Tol {
   double atol, rtol, rel_l2;
 };
+// q8_0: the tiles hold code x scale rounded to f16, one more rounding by u = 2^-11 of every K and V element beside
+// f16's terms (the reference reads code x scale exactly): 1.5x f16's bounds.
 Tol tolerance(DType dt) {
-  return dt == DType::bf16 ? Tol{1.6e-2, 1.6e-2, 4e-3} : Tol{2e-3, 2e-3, 5e-4};
+  if (dt == DType::bf16) return {1.6e-2, 1.6e-2, 4e-3};
+  if (dt == DType::q8_0) return {3e-3, 3e-3, 7.5e-4};
+  return {2e-3, 2e-3, 5e-4};
 }
 
 void expect_rel_l2(const std::vector<float>& out, const std::vector<double>& ref, double bound, const char* what) {
@@ -96,8 +100,25 @@ void expect_rel_l2(const std::vector<float>& out, const std::vector<double>& ref
 struct Segment {
   std::unique_ptr<test::Segment> h;  // host bytes and view (block table in host memory)
   KvView host, dev;
-  std::unique_ptr<DeviceBuffer> dk, dv;
+  std::unique_ptr<DeviceBuffer> dk, dv, dks, dvs;  // codes or elements; q8_0 scales
 };
+
+// A device copy of the host storage behind view: its elements (q8_0: codes) and q8_0 scales, same offsets.
+template <class Bytes>
+KvView to_device(KvView view, const Bytes& k, const Bytes& v, const Bytes& k_scales, const Bytes& v_scales,
+                 std::vector<std::unique_ptr<DeviceBuffer>>& keep) {
+  const auto put = [&](const auto& host) {
+    keep.push_back(std::make_unique<DeviceBuffer>(host.data(), host.size() * sizeof(host[0])));
+    return keep.back()->p;
+  };
+  view.k = put(k);
+  view.v = put(v);
+  if (view.dtype == DType::q8_0) {
+    view.k_scales = put(k_scales);
+    view.v_scales = put(v_scales);
+  }
+  return view;
+}
 
 // aligned: every row starts on 16 bytes (the vector copy path); otherwise strides get odd padding.
 std::unique_ptr<Segment> make_segment(Rng& rng, DType dt, int64_t n_tokens, int n_kv_heads, int head_dim, bool paged,
@@ -111,6 +132,12 @@ std::unique_ptr<Segment> make_segment(Rng& rng, DType dt, int64_t n_tokens, int 
   seg->dev = seg->host;  // same strides and (host) block table; device K/V
   seg->dev.k = seg->dk->p;
   seg->dev.v = seg->dv->p;
+  if (dt == DType::q8_0) {
+    seg->dks = std::make_unique<DeviceBuffer>(seg->h->k_scales.data(), seg->h->k_scales.size() * sizeof(f16));
+    seg->dvs = std::make_unique<DeviceBuffer>(seg->h->v_scales.data(), seg->h->v_scales.size() * sizeof(f16));
+    seg->dev.k_scales = seg->dks->p;
+    seg->dev.v_scales = seg->dvs->p;
+  }
   return seg;
 }
 
@@ -192,13 +219,9 @@ void check(Rng& rng, const Config& cfg, bool exact_compare = true) {
     std::vector<std::unique_ptr<DeviceBuffer>> bufs;
     std::vector<KvView> views;
     for (int s = 0; s < split.tree.n_sequences(); ++s) {
-      KvView kv = split.views[static_cast<size_t>(s)];
       const auto& dense = split.kv[static_cast<size_t>(s)];
-      bufs.push_back(std::make_unique<DeviceBuffer>(dense.k.data(), dense.k.size()));
-      kv.k = bufs.back()->p;
-      bufs.push_back(std::make_unique<DeviceBuffer>(dense.v.data(), dense.v.size()));
-      kv.v = bufs.back()->p;
-      views.push_back(kv);
+      views.push_back(to_device(split.views[static_cast<size_t>(s)], dense.k, dense.v, dense.k_scales,
+                                dense.v_scales, bufs));
     }
     cuda::Workspace ws(cuda::plan_for_device(split.tree));
     run(ws, views, qd, n_out, d, o, lse);
@@ -206,10 +229,9 @@ void check(Rng& rng, const Config& cfg, bool exact_compare = true) {
   }
   {
     const UnifiedLayout uni = make_unified(tree, host_views);
-    const DeviceBuffer dk(uni.kv.k.data(), uni.kv.k.size()), dv(uni.kv.v.data(), uni.kv.v.size());
+    std::vector<std::unique_ptr<DeviceBuffer>> bufs;
     cpu::UnifiedBatch b = uni.batch;
-    b.kv.k = dk.p;
-    b.kv.v = dv.p;
+    b.kv = to_device(b.kv, uni.kv.k, uni.kv.v, uni.kv.k_scales, uni.kv.v_scales, bufs);
     cuda::Workspace ws = cuda::Workspace::unified(shape, b, tree.scale());
     DeviceBuffer od(static_cast<size_t>(n_out * d) * 4), ld(static_cast<size_t>(n_out) * 4);
     CUDA_OK(cudaMemset(od.p, 0x7f, od.bytes));
@@ -238,7 +260,8 @@ HeadShape random_shape(Rng& rng) {
 Config random_config(Rng& rng, double budget) {
   Config c;
   c.shape = random_shape(rng);
-  c.dtype = rng.coin() ? DType::f16 : DType::bf16;
+  c.dtype = c.shape.head_dim % kQ8Block == 0 ? rng.pick<DType>({DType::f16, DType::bf16, DType::q8_0})
+                                              : rng.pick<DType>({DType::f16, DType::bf16});
   c.paged = rng.coin();
   c.aligned = rng.coin(0.7);
   c.tree = test::random_tree(rng, int(rng.uniform_int(1, 4)), int(rng.uniform_int(1, 64)));
@@ -307,12 +330,13 @@ TEST_CASE("cuda: sliding windows at their edges: shared segments skipped, partly
   }());
 }
 
-TEST_CASE("cuda: every head dim, both dtypes, both storages, GQA ratios 1 to 8") {
+TEST_CASE("cuda: every head dim, every dtype, both storages, GQA ratios 1 to 8") {
   REQUIRE_DEVICE();
   Rng rng(test::fresh_seed());
   for (int d : {64, 80, 96, 128, 256})
-    for (DType dt : {DType::f16, DType::bf16})
+    for (DType dt : {DType::f16, DType::bf16, DType::q8_0})
       for (int ratio : {1, 4, 8}) {
+        if (dt == DType::q8_0 && d % kQ8Block != 0) continue;  // q8_0 blocks of 32 along the head dim
         Config c = two_level(HeadShape{2 * ratio, 2, d}, dt, 700, {130, 1, 64}, ratio == 4 ? 3 : 1);
         c.paged = ratio != 4;
         c.aligned = ratio != 8;

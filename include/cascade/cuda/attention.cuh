@@ -6,7 +6,8 @@
 //     ws.bind(stream, layer_views);           // that layer's device K/V (stream-ordered descriptor upload)
 //     ws.attend(stream, q_dev, o_dev, lse_dev);  // launches only
 //
-// The views point at device (or managed) K/V, f16 or bf16, one dtype for the whole plan; each has exactly
+// The views point at device (or managed) K/V, f16, bf16 or q8_0 (codes and scales on the device; head dims 64, 96,
+// 128, 256), one dtype for the whole plan; each has exactly
 // its segment's length in the plan. Their block tables are read on the host (and checked there) and copied
 // to the device by bind(), so a table may be host or managed memory. bind() takes the views as a list
 // (kv[g]: segment g of plan.tree()) or as a callable (kv(g) -> KvView); calls on one stream are ordered, so
@@ -247,8 +248,8 @@ class Workspace {
   }
 
   void init_dtype(DType dt) {
-    CASCADE_CHECK(dt == DType::f16 || dt == DType::bf16, "cuda::Workspace: K/V dtype ", dtype_name(dt),
-                  " is not supported on CUDA (f16, bf16)");
+    CASCADE_CHECK(dt == DType::f16 || dt == DType::bf16 || dt == DType::q8_0, "cuda::Workspace: K/V dtype ",
+                  dtype_name(dt), " is not supported on CUDA (f16, bf16, q8_0)");
     if (configured_ && dt == dtype_) return;
     dtype_ = dt;
     dispatch(Configure{});
@@ -269,6 +270,8 @@ class Workspace {
     if (kv.n_tokens == 0) return;
     CASCADE_CHECK(is_device_pointer(kv.k) && is_device_pointer(kv.v), "segment ", g,
                   ": K/V is not device memory (the CUDA path reads K/V where the KvView points)");
+    CASCADE_CHECK(kv.dtype != DType::q8_0 || (is_device_pointer(kv.k_scales) && is_device_pointer(kv.v_scales)),
+                  "segment ", g, ": q8_0 scales are not device memory");
     CASCADE_CHECK(!kv.paged() || kv.page_size <= INT32_MAX, "segment ", g, ": page size ", kv.page_size,
                   " does not fit in 32 bits");
   }
@@ -276,10 +279,15 @@ class Workspace {
   template <class F>
   void dispatch(F&& f) const {
     dispatch_head_dim(shape_.head_dim, [&]<int D>() {
-      if (dtype_ == DType::f16)
+      if (dtype_ == DType::f16) {
         f.template operator()<__half, D>();
-      else
+      } else if (dtype_ == DType::bf16) {
         f.template operator()<__nv_bfloat16, D>();
+      } else if constexpr (D % kQ8Block == 0) {
+        f.template operator()<Q8_0, D>();
+      } else {  // KvView::validate refuses such a view first
+        cascade::detail::fail("cuda::Workspace: q8_0 K/V needs a head dim that is a multiple of ", kQ8Block);
+      }
     });
   }
 
@@ -300,9 +308,13 @@ class Workspace {
       p.row_begin = sched_.pass_row_begin[k];
       if (kv.n_tokens == 0) continue;
       p.k = kv.k, p.v = kv.v;
+      p.k_scales = kv.k_scales, p.v_scales = kv.v_scales;
       p.stride_token = kv.stride_token, p.stride_head = kv.stride_head;
-      const auto al = [](int64_t x) { return x % 8 == 0; };  // 16 bytes of 2-byte elements
-      p.vec16 = reinterpret_cast<uintptr_t>(kv.k) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.v) % 16 == 0 &&
+      // 16-byte copies of 2-byte elements; q8_0: 8-byte loads of codes, whose strides are multiples of 32.
+      const bool q8 = kv.dtype == DType::q8_0;
+      const int64_t align = q8 ? 8 : 16;
+      const auto al = [&](int64_t x) { return q8 || x % 8 == 0; };
+      p.vec16 = reinterpret_cast<uintptr_t>(kv.k) % align == 0 && reinterpret_cast<uintptr_t>(kv.v) % align == 0 &&
                 al(kv.stride_token) && al(kv.stride_head) && (!kv.paged() || al(kv.stride_page));
       if (kv.paged()) {
         p.page_size = int32_t(kv.page_size);

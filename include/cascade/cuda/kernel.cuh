@@ -2,9 +2,12 @@
 // products (mma.sync m16n8k16, f16 or bf16 operands, f32 accumulation; sm_80 and later).
 //
 // A block attends up to BM stacked query rows of one pass and one KV head to the tokens [t0, t1):
-//   - Q: the rows' f32 queries, converted to the K/V type (T) into shared memory once;
+//   - Q: the rows' f32 queries, converted to the tile type T into shared memory once; T is the K/V type, or f16
+//     for q8_0 K/V;
 //   - K/V: tiles of BN tokens, copied into shared memory two stages deep (cp.async, 16-byte vectors when the
-//     rows are aligned, element copies otherwise), token by token through the block table when paged;
+//     rows are aligned, element copies otherwise), token by token through the block table when paged; q8_0
+//     codes are read 8 at a time with their block's scale and stored into the tile as f16 (code x scale rounded
+//     once), so the cache itself is never expanded;
 //   - warp (wm, wn) owns rows [16 wm, 16 wm + 16) and tokens [NW wn, NW wn + NW) of each tile:
 //     S = Q K^T on tensor cores, scale and mask in registers, online softmax in base 2 (m, l per row),
 //     P (rounded to T) V on tensor cores into f32 accumulators;
@@ -23,11 +26,19 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cascade/cuda/common.cuh"
 #include "cascade/cuda/work.hpp"
+#include "cascade/q8_0.hpp"
 
 namespace cascade::cuda {
+
+// The kernels' K/V storage types: __half, __nv_bfloat16, or Q8_0 (int8 codes with an f16 scale per 32: q8_0.hpp),
+// whose tiles are f16 in shared memory. TileType<Kv>: the type of the tiles and of the tensor-core products.
+struct Q8_0 {};
+template <class Kv> struct TileType { using type = Kv; };
+template <> struct TileType<Q8_0> { using type = __half; };
 
 // Everything a launch reads, in device memory except the scalars.
 struct LaunchArgs {
@@ -51,12 +62,12 @@ struct LaunchArgs {
 // Head dims with a compiled kernel.
 inline bool head_dim_supported(int d) { return d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
 
-// Launches the kernel of configuration cfg (kNarrow or kWide) over args.items. T: __half or __nv_bfloat16.
-// configure(): raises the kernels' shared-memory limit once; call it before the first launch and outside
-// stream capture.
-template <class T, int D>
+// Launches the kernel of configuration cfg (kNarrow or kWide) over args.items. Kv: __half, __nv_bfloat16 or Q8_0
+// (head dims that are multiples of 32). configure(): raises the kernels' shared-memory limit once; call it before
+// the first launch and outside stream capture.
+template <class Kv, int D>
 void launch_attention(const LaunchArgs& args, int cfg, cudaStream_t stream);
-template <class T, int D>
+template <class Kv, int D>
 void configure_attention();
 
 // Calls f.template operator()<D>() with D the head dim (FlashInfer's DISPATCH_HEAD_DIM, as a function).
@@ -222,22 +233,45 @@ __device__ __forceinline__ void load_q(const LaunchArgs& args, const WorkItem& i
   }
 }
 
+// Eight q8_0 codes times their block's scale, rounded to f16: one 16-byte row chunk of a tile. aligned: the codes
+// start on 8 bytes (one vector load).
+__device__ __forceinline__ uint4 dequantize8(const int8_t* codes, const __half* scale, bool aligned) {
+  int8_t c[8];
+  if (aligned) {
+    const int2 w = *reinterpret_cast<const int2*>(codes);
+    memcpy(c, &w, 8);
+  } else {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) c[u] = codes[u];
+  }
+  const float d = __half2float(*scale);
+  uint4 r;
+  uint32_t* w = reinterpret_cast<uint32_t*>(&r);
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const __half2 h = __floats2half2_rn(float(c[2 * u]) * d, float(c[2 * u + 1]) * d);
+    w[u] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  return r;
+}
+
 // Copies tokens [a, a + BN) of K and V (zeros past t1) into stage st: 16-byte cp.async copies when the
-// pass's rows are aligned, element copies otherwise; token by token through the block table when paged.
-template <class T, int D, int Cfg>
-__device__ __forceinline__ void load_kv_tile(const WorkItem& it, const PassDesc& ps, T* skv, int a, int st, int tid) {
+// pass's rows are aligned, element copies otherwise; token by token through the block table when paged. q8_0:
+// the codes and scales are read by the threads and stored as f16 (loads, not asynchronous copies).
+template <class Kv, int D, int Cfg>
+__device__ __forceinline__ void load_kv_tile(const WorkItem& it, const PassDesc& ps,
+                                             typename TileType<Kv>::type* skv, int a, int st, int tid) {
   using S = Shape<D, Cfg>;
+  using T = typename TileType<Kv>::type;
   constexpr int BN = S::BN, LD = S::LD;
-  constexpr int kChunks = D / 8;  // 16-byte chunks per K/V row
-  const T* kbase = static_cast<const T*>(ps.k);
-  const T* vbase = static_cast<const T*>(ps.v);
+  constexpr int kChunks = D / 8;  // 16-byte chunks per tile row (8 elements)
   T* sk = skv + st * 2 * BN * LD;
   T* sv = sk + BN * LD;
   for (int i = tid; i < BN * kChunks; i += S::kThreads) {
     const int j = i / kChunks, c = (i % kChunks) * 8;
     const int t = a + j;
     const bool in = t < it.t1;
-    int64_t off = 0;
+    int64_t off = 0;  // in elements (q8_0: codes)
     if (in) {
       off = ps.page_size == 0 ? int64_t(t) * ps.stride_token
                               : int64_t(ps.block_table[t / ps.page_size]) * ps.stride_page +
@@ -246,12 +280,23 @@ __device__ __forceinline__ void load_kv_tile(const WorkItem& it, const PassDesc&
     }
     T* dk = sk + j * LD + c;
     T* dv = sv + j * LD + c;
-    if (ps.vec16) {
-      cp_async16(dk, kbase + off, in ? 16 : 0);
-      cp_async16(dv, vbase + off, in ? 16 : 0);
+    if constexpr (std::is_same_v<Kv, Q8_0>) {
+      // Strides are multiples of 32 codes, so the scale of codes [off, off + 8) is that of their 32-code block.
+      uint4 k8 = make_uint4(0u, 0u, 0u, 0u), v8 = k8;
+      if (in) {
+        k8 = dequantize8(static_cast<const int8_t*>(ps.k) + off,
+                         static_cast<const __half*>(ps.k_scales) + off / kQ8Block, ps.vec16);
+        v8 = dequantize8(static_cast<const int8_t*>(ps.v) + off,
+                         static_cast<const __half*>(ps.v_scales) + off / kQ8Block, ps.vec16);
+      }
+      *reinterpret_cast<uint4*>(dk) = k8;
+      *reinterpret_cast<uint4*>(dv) = v8;
+    } else if (ps.vec16) {
+      cp_async16(dk, static_cast<const T*>(ps.k) + off, in ? 16 : 0);
+      cp_async16(dv, static_cast<const T*>(ps.v) + off, in ? 16 : 0);
     } else {
-      const uint16_t* gk = reinterpret_cast<const uint16_t*>(kbase + off);
-      const uint16_t* gv = reinterpret_cast<const uint16_t*>(vbase + off);
+      const uint16_t* gk = reinterpret_cast<const uint16_t*>(static_cast<const T*>(ps.k) + off);
+      const uint16_t* gv = reinterpret_cast<const uint16_t*>(static_cast<const T*>(ps.v) + off);
       uint16_t* k16 = reinterpret_cast<uint16_t*>(dk);
       uint16_t* v16 = reinterpret_cast<uint16_t*>(dv);
 #pragma unroll
@@ -463,9 +508,10 @@ __device__ __forceinline__ void merge_warps_and_write(const LaunchArgs& args, co
   }
 }
 
-template <class T, int D, int Cfg>
+template <class Kv, int D, int Cfg>
 __global__ void __launch_bounds__(Shape<D, Cfg>::kThreads)
     attention_kernel(const LaunchArgs args) {
+  using T = typename TileType<Kv>::type;
   using S = Shape<D, Cfg>;
   constexpr int BN = S::BN, NW = S::NW, LD = S::LD, WN = S::WN;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -479,7 +525,7 @@ __global__ void __launch_bounds__(Shape<D, Cfg>::kThreads)
 
   load_q<T, D, Cfg>(args, it, ps, sm, tid);
   const int n_tiles = (it.t1 - it.t0 + BN - 1) / BN;
-  load_kv_tile<T, D, Cfg>(it, ps, sm.kv, it.t0, 0, tid);
+  load_kv_tile<Kv, D, Cfg>(it, ps, sm.kv, it.t0, 0, tid);
   cp_async_commit();
   __syncthreads();  // Q and the row data are in shared memory
 
@@ -505,7 +551,7 @@ __global__ void __launch_bounds__(Shape<D, Cfg>::kThreads)
 
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int a = it.t0 + tile * BN;
-    if (tile + 1 < n_tiles) load_kv_tile<T, D, Cfg>(it, ps, sm.kv, a + BN, (tile + 1) & 1, tid);
+    if (tile + 1 < n_tiles) load_kv_tile<Kv, D, Cfg>(it, ps, sm.kv, a + BN, (tile + 1) & 1, tid);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -538,27 +584,28 @@ __global__ void __launch_bounds__(Shape<D, Cfg>::kThreads)
 
 }  // namespace kernel
 
-template <class T, int D>
+template <class Kv, int D>
 void configure_attention() {
-  CASCADE_CUDA_CHECK(cudaFuncSetAttribute(kernel::attention_kernel<T, D, kNarrow>,
+  static_assert(!std::is_same_v<Kv, Q8_0> || D % kQ8Block == 0, "q8_0 K/V: head dims that are multiples of 32");
+  CASCADE_CUDA_CHECK(cudaFuncSetAttribute(kernel::attention_kernel<Kv, D, kNarrow>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           kernel::Shape<D, kNarrow>::kSmemBytes),
                      "raising the shared-memory limit of the narrow attention kernel (head_dim ", D, ")");
-  CASCADE_CUDA_CHECK(cudaFuncSetAttribute(kernel::attention_kernel<T, D, kWide>,
+  CASCADE_CUDA_CHECK(cudaFuncSetAttribute(kernel::attention_kernel<Kv, D, kWide>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           kernel::Shape<D, kWide>::kSmemBytes),
                      "raising the shared-memory limit of the wide attention kernel (head_dim ", D, ")");
 }
 
-template <class T, int D>
+template <class Kv, int D>
 void launch_attention(const LaunchArgs& args, int cfg, cudaStream_t stream) {
   if (args.n_items == 0) return;
   if (cfg == kNarrow) {
     using S = kernel::Shape<D, kNarrow>;
-    kernel::attention_kernel<T, D, kNarrow><<<args.n_items, S::kThreads, S::kSmemBytes, stream>>>(args);
+    kernel::attention_kernel<Kv, D, kNarrow><<<args.n_items, S::kThreads, S::kSmemBytes, stream>>>(args);
   } else {
     using S = kernel::Shape<D, kWide>;
-    kernel::attention_kernel<T, D, kWide><<<args.n_items, S::kThreads, S::kSmemBytes, stream>>>(args);
+    kernel::attention_kernel<Kv, D, kWide><<<args.n_items, S::kThreads, S::kSmemBytes, stream>>>(args);
   }
   CASCADE_CUDA_CHECK(cudaGetLastError(), "launching the ", cfg == kNarrow ? "narrow" : "wide",
                      " attention kernel (head_dim ", D, ", ", args.n_items, " blocks)");
@@ -580,6 +627,10 @@ void launch_attention(const LaunchArgs& args, int cfg, cudaStream_t stream) {
   CASCADE_CUDA_ATTENTION_EXTERN(T, 256)
 CASCADE_CUDA_ATTENTION_EXTERN_ALL(__half)
 CASCADE_CUDA_ATTENTION_EXTERN_ALL(__nv_bfloat16)
+CASCADE_CUDA_ATTENTION_EXTERN(Q8_0, 64)  // q8_0: head dims that are multiples of 32
+CASCADE_CUDA_ATTENTION_EXTERN(Q8_0, 96)
+CASCADE_CUDA_ATTENTION_EXTERN(Q8_0, 128)
+CASCADE_CUDA_ATTENTION_EXTERN(Q8_0, 256)
 #endif
 
 }  // namespace cascade::cuda

@@ -16,15 +16,17 @@ inline constexpr int64_t kChunkAlign = 64;
 
 // One pass's K/V on the device (uploaded as is; 64-bit pointers and strides in elements).
 struct PassDesc {
-  const void* k = nullptr;
+  const void* k = nullptr;  // q8_0: the int8 codes
   const void* v = nullptr;
+  const void* k_scales = nullptr;  // q8_0 only: f16 scales, that of codes [o, o + 32) at k_scales[o / 32]
+  const void* v_scales = nullptr;
   const int32_t* block_table = nullptr;  // device copy; nullptr when contiguous
   int64_t stride_token = 0, stride_head = 0, stride_page = 0;
   int32_t n_tokens = 0;
   int32_t page_size = 0;   // 0 when contiguous
   int32_t row_begin = 0;   // the pass's token rows: rows[row_begin, row_begin + n_token_rows)
   int32_t n_token_rows = 0;
-  int32_t vec16 = 0;       // 1: every K/V row starts 16-byte aligned (vector copies allowed)
+  int32_t vec16 = 0;       // 1: every K/V row starts 16-byte aligned, q8_0 codes 8-byte (vector loads allowed)
   int32_t pad = 0;
 };
 
