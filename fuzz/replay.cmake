@@ -13,7 +13,6 @@ set(fuzz_defs CASCADE_EXTERN_KERNELS=1 CASCADE_TESTDATA_DIR="${PROJECT_SOURCE_DI
 # replay_main.cpp once, for every target.
 add_library(fuzz_replay_main OBJECT ${fuzz_dir}/replay_main.cpp)
 target_link_libraries(fuzz_replay_main PRIVATE cascade cascade_flags)  # C++20 and the build's flags
-target_compile_options(fuzz_replay_main PRIVATE ${cascade_test_opts})
 
 add_executable(fuzz_seeds_writer ${fuzz_dir}/fuzz_seeds.cpp)
 target_link_libraries(fuzz_seeds_writer PRIVATE cascade_model cascade_flags)
@@ -24,7 +23,6 @@ set_tests_properties("fuzz replay: write the seeds" PROPERTIES FIXTURES_SETUP fu
 foreach(name gguf tokenizer plan model request)
   add_executable(fuzz_replay_${name} ${fuzz_dir}/fuzz_${name}.cpp $<TARGET_OBJECTS:fuzz_replay_main>)
   target_link_libraries(fuzz_replay_${name} PRIVATE cascade_model cascade_flags)
-  target_compile_options(fuzz_replay_${name} PRIVATE ${cascade_test_opts})
   target_compile_definitions(fuzz_replay_${name} PRIVATE ${fuzz_defs})
   add_test(NAME "fuzz replay: ${name}"
            COMMAND fuzz_replay_${name} --mutate ${CASCADE_FUZZ_REPLAY_SECONDS} ${seed_dir}/${name}
