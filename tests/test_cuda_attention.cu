@@ -97,15 +97,10 @@ void expect_rel_l2(const std::vector<float>& out, const std::vector<double>& ref
 }
 
 // One segment: random K/V in host storage (for the reference) and the same bytes on the device.
-struct Segment {
-  std::unique_ptr<test::Segment> h;  // host bytes and view (block table in host memory)
-  KvView host, dev;
-  std::unique_ptr<DeviceBuffer> dk, dv, dks, dvs;  // codes or elements; q8_0 scales
-};
 
 // A device copy of the host storage behind view: its elements (q8_0: codes) and q8_0 scales, same offsets.
-template <class Bytes>
-KvView to_device(KvView view, const Bytes& k, const Bytes& v, const Bytes& k_scales, const Bytes& v_scales,
+template <class Bytes, class Scales>
+KvView to_device(KvView view, const Bytes& k, const Bytes& v, const Scales& k_scales, const Scales& v_scales,
                  std::vector<std::unique_ptr<DeviceBuffer>>& keep) {
   const auto put = [&](const auto& host) {
     keep.push_back(std::make_unique<DeviceBuffer>(host.data(), host.size() * sizeof(host[0])));
@@ -120,6 +115,12 @@ KvView to_device(KvView view, const Bytes& k, const Bytes& v, const Bytes& k_sca
   return view;
 }
 
+struct Segment {
+  std::unique_ptr<test::Segment> h;  // host bytes and view (block table in host memory)
+  KvView host, dev;
+  std::vector<std::unique_ptr<DeviceBuffer>> device;  // dev's K/V (codes or elements) and q8_0 scales
+};
+
 // aligned: every row starts on 16 bytes (the vector copy path); otherwise strides get odd padding.
 std::unique_ptr<Segment> make_segment(Rng& rng, DType dt, int64_t n_tokens, int n_kv_heads, int head_dim, bool paged,
                                       bool aligned, float amp = 1.0f) {
@@ -127,17 +128,8 @@ std::unique_ptr<Segment> make_segment(Rng& rng, DType dt, int64_t n_tokens, int 
   seg->h = test::make_segment(rng, dt, n_tokens, n_kv_heads, head_dim, paged, amp,
                               aligned ? test::Rows::aligned : test::Rows::misaligned);
   seg->host = seg->h->view;
-  seg->dk = std::make_unique<DeviceBuffer>(seg->h->k.data(), seg->h->k.size());
-  seg->dv = std::make_unique<DeviceBuffer>(seg->h->v.data(), seg->h->v.size());
-  seg->dev = seg->host;  // same strides and (host) block table; device K/V
-  seg->dev.k = seg->dk->p;
-  seg->dev.v = seg->dv->p;
-  if (dt == DType::q8_0) {
-    seg->dks = std::make_unique<DeviceBuffer>(seg->h->k_scales.data(), seg->h->k_scales.size() * sizeof(f16));
-    seg->dvs = std::make_unique<DeviceBuffer>(seg->h->v_scales.data(), seg->h->v_scales.size() * sizeof(f16));
-    seg->dev.k_scales = seg->dks->p;
-    seg->dev.v_scales = seg->dvs->p;
-  }
+  // Same strides and (host) block table; device K/V.
+  seg->dev = to_device(seg->host, seg->h->k, seg->h->v, seg->h->k_scales, seg->h->v_scales, seg->device);
   return seg;
 }
 
