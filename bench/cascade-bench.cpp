@@ -66,6 +66,8 @@ void usage() {
       "                      allow them)\n"
       "  --int8-products     q8_0 K/V on int8 dot products wherever the CPU has them (q quantized to int8);\n"
       "                      --no-int8-products: codes times scales, f32 products (default: the library's choice)\n"
+      "  --nondeterministic  attention in the faster order whose last bits depend on the other rows of the step\n"
+      "                      (default: the batch-invariant order, as the runtime and the server use)\n"
       "  --reps N            timed repetitions of each method, interleaved (default 5; up to 5x as many\n"
       "                      when the fastest method takes under 1 ms), --warmup N (default 1)\n"
       "  --no-flush          keep caches warm between repetitions\n"
@@ -100,6 +102,10 @@ Args parse_args(int argc, char** argv) {
     }
     if (f == "--int8-products" || f == "--no-int8-products") {
       a.int8_products = f == "--int8-products";
+      return true;
+    }
+    if (f == "--nondeterministic") {
+      a.batch_invariant = false;
       return true;
     }
     return false;
@@ -394,6 +400,7 @@ int main(int argc, char** argv) {
   if (!a.amx) tiles.emplace(false);
   std::optional<cascade::cpu::Int8Products> int8;
   if (a.int8_products >= 0) int8.emplace(a.int8_products == 1);
+  cascade::cpu::set_batch_invariant(a.batch_invariant);
   try {
     for (int thr_req : a.threads) {
       const int thr = thr_req > 0 ? std::min(thr_req, tbb::info::default_concurrency())

@@ -70,6 +70,7 @@ struct Args {
   int bf16_products = -1;  // bf16 K/V on bf16 dot products: 1 yes, 0 no, -1 the library's choice (CPU only)
   bool amx = true;         // bf16 products on AMX tiles where the process may run them (CPU only)
   int int8_products = -1;  // q8_0 K/V on int8 dot products: 1 yes, 0 no, -1 the library's choice (CPU only)
+  bool batch_invariant = true;  // attention in the batch-invariant order (CPU only; --nondeterministic: false)
   int reps = 5, warmup = 1;
   std::string format = "md";
   bool flush = true;
