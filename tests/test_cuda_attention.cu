@@ -96,8 +96,6 @@ void expect_rel_l2(const std::vector<float>& out, const std::vector<double>& ref
   if (std::getenv("CASCADE_TEST_VERBOSE")) MESSAGE(what << ": relative L2 error " << rel);
 }
 
-// One segment: random K/V in host storage (for the reference) and the same bytes on the device.
-
 // A device copy of the host storage behind view: its elements (q8_0: codes) and q8_0 scales, same offsets.
 template <class Bytes, class Scales>
 KvView to_device(KvView view, const Bytes& k, const Bytes& v, const Scales& k_scales, const Scales& v_scales,
@@ -115,6 +113,7 @@ KvView to_device(KvView view, const Bytes& k, const Bytes& v, const Scales& k_sc
   return view;
 }
 
+// One segment: random K/V in host storage (for the reference) and the same bytes on the device.
 struct Segment {
   std::unique_ptr<test::Segment> h;  // host bytes and view (block table in host memory)
   KvView host, dev;

@@ -42,13 +42,13 @@ void require_model() {
 }
 
 // The model, loaded once for the whole file, on both linear paths (views of one mapping); the f32 path only where a
-// case asks for it (model_f32()): it dequantizes every weight, 3 s of each case under ASan.
+// case asks for it (loaded_f32()): it dequantizes every weight, 3 s of each case under ASan.
 //
 // The attention methods sum in different orders, so their outputs differ in the last bits. On the f32 path
 // that never changes a greedy choice; on the quantized path such a difference can move an activation across a
 // rounding boundary of its int8 code, which changes the next layer by a code step and then flips further codes:
 // the continuations stay equally likely but part ways after some tokens. Tests that compare the methods' or
-// batches' texts token for token therefore run the f32 path (model_f32); test_llama.cpp checks every method on
+// batches' texts token for token therefore run the f32 path (loaded_f32()); test_llama.cpp checks every method on
 // the quantized path step by step against the reference.
 struct Loaded {
   std::shared_ptr<const gguf::File> file;
@@ -58,14 +58,14 @@ struct Loaded {
       : file(std::make_shared<const gguf::File>(gguf::File::open(path))),
         tok(load_vocab(*file)),
         model(llama::Model::load(file)) {}
-  const llama::Model& model_f32() const {
-    static const llama::Model f32 = llama::Model::load(file, llama::LinearPath::f32);
-    return f32;
-  }
 };
 const Loaded& loaded() {
   static std::unique_ptr<Loaded> l = std::make_unique<Loaded>(kModel);
   return *l;
+}
+const llama::Model& loaded_f32() {
+  static const llama::Model f32 = llama::Model::load(loaded().file, llama::LinearPath::f32);
+  return f32;
 }
 
 using tool_run::read_file;
@@ -103,7 +103,7 @@ TEST_CASE("generate: greedy continuations are identical with cascade, split, uni
   std::vector<GenerateResult> res;
   for (AttnMethod a : {AttnMethod::cascade, AttnMethod::split, AttnMethod::unified, AttnMethod::auto_}) {
     gp.attn = a;
-    res.push_back(generate(m.model_f32(), prompts, gp, [&](int32_t id) { return m.tok.is_eog(id); }));
+    res.push_back(generate(loaded_f32(), prompts, gp, [&](int32_t id) { return m.tok.is_eog(id); }));
   }
   REQUIRE(res[0].sequences.size() == 8);
   for (int s = 0; s < 8; ++s) {
@@ -204,10 +204,10 @@ TEST_CASE("generate: a sequence samples the same text whatever the method and th
   const auto eog = [&](int32_t id) { return m.tok.is_eog(id); };
   gp.n_parallel = 2;
   gp.attn = AttnMethod::cascade;
-  const GenerateResult a = generate(m.model_f32(), prompts, gp, eog);
+  const GenerateResult a = generate(loaded_f32(), prompts, gp, eog);
   gp.n_parallel = 4;
   gp.attn = AttnMethod::unified;
-  const GenerateResult b = generate(m.model_f32(), prompts, gp, eog);
+  const GenerateResult b = generate(loaded_f32(), prompts, gp, eog);
   for (int s = 0; s < 2; ++s) CHECK(a.sequences[s].tokens == b.sequences[s].tokens);
   CHECK(a.sequences[0].tokens != a.sequences[1].tokens);  // own streams
 }
@@ -261,9 +261,9 @@ TEST_CASE("generate: a prefill in small chunks gives the same text as one pass (
   gp.n_parallel = 1;
   gp.sampling.temp = 0;
   const auto eog = [&](int32_t id) { return m.tok.is_eog(id); };
-  const GenerateResult a = generate(m.model_f32(), prompts, gp, eog);
+  const GenerateResult a = generate(loaded_f32(), prompts, gp, eog);
   gp.n_batch = 5;  // chunks that split nodes and straddle parent/child boundaries
-  const GenerateResult b = generate(m.model_f32(), prompts, gp, eog);
+  const GenerateResult b = generate(loaded_f32(), prompts, gp, eog);
   for (size_t s = 0; s < prompts.size(); ++s) CHECK(a.sequences[s].tokens == b.sequences[s].tokens);
 }
 
