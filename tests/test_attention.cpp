@@ -12,6 +12,8 @@
 #include "cascade/cascade.hpp"
 #include "kernel_paths.hpp"
 
+namespace test_attention {
+
 using namespace cascade;
 using test::Rng;
 
@@ -893,3 +895,5 @@ TEST_CASE("bad API input throws an Error naming the problem") {
   throws_with([&] { cpu::attend_unified({1, 1, 64}, ub, k.data(), v.data()); }, "key masks");
   throws_with([] { parse_dtype("f8"); }, "f8");
 }
+
+}  // namespace test_attention

@@ -13,6 +13,8 @@
 #include "cascade/cascade.hpp"
 #include "cascade/cuda/schedule.hpp"
 
+namespace test_attention_cuda_schedule {
+
 using namespace cascade;
 using test::Rng;
 
@@ -267,3 +269,5 @@ TEST_CASE("cuda schedule: the headline decode step maps to wide prefix blocks an
   for (int64_t i = 0; i < batch * shape.n_q_heads; ++i)
     CHECK(sc.out_begin[size_t(i + 1)] - sc.out_begin[size_t(i)] == chunks + 1);
 }
+
+}  // namespace test_attention_cuda_schedule

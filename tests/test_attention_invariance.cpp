@@ -15,6 +15,8 @@
 #include "attention_problem.hpp"
 #include "cascade/cascade.hpp"
 
+namespace test_attention_invariance {
+
 using namespace cascade;
 using test::Rng;
 
@@ -478,3 +480,5 @@ TEST_CASE("schedule: random trees under a sliding window keep blocks, a tile's f
     }
   }
 }
+
+}  // namespace test_attention_invariance

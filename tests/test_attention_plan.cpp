@@ -13,6 +13,8 @@
 #include "cascade/cascade.hpp"
 #include "cascade/cuda/schedule.hpp"
 
+namespace test_attention_plan {
+
 using namespace cascade;
 using test::Rng;
 
@@ -232,3 +234,5 @@ TEST_CASE("plan: a plan made for one backend is refused by another") {
                        doctest::Contains("cuda backend"), Error);
   CHECK_THROWS_WITH_AS(cuda::lower(cpu::plan(tree)), doctest::Contains("cpu backend"), Error);
 }
+
+}  // namespace test_attention_plan

@@ -14,6 +14,8 @@
 #include "cascade/cpu/calibrate.hpp"
 #include "model/kv_cache.hpp"
 
+namespace test_auto {
+
 using namespace cascade;
 using test::Rng;
 
@@ -273,3 +275,5 @@ TEST_CASE("auto: the runtime knows the method by name") {
   CHECK(std::string(attn_method_name(AttnMethod::auto_)) == "auto");
   CHECK_THROWS_AS(parse_attn_method("automatic"), Error);
 }
+
+}  // namespace test_auto

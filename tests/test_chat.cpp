@@ -15,6 +15,8 @@
 #include "model/gguf.hpp"
 #include "model/tokenizer.hpp"
 
+namespace test_chat {
+
 using cascade::apply_chat_template;
 using cascade::ChatMessage;
 
@@ -274,3 +276,5 @@ TEST_CASE("chat: prompts tokenize with each vocabulary's special tokens") {
     CHECK(std::count(plain.begin(), plain.end(), end) == 0);
   }
 }
+
+}  // namespace test_chat

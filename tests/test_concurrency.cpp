@@ -19,6 +19,8 @@
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
 
+namespace test_concurrency {
+
 using namespace cascade;
 
 namespace {
@@ -191,3 +193,5 @@ TEST_CASE("concurrency: one tokenizer encodes and decodes from several plain thr
       CHECK(back[size_t(t)][k] == tok.decode(alone[k % texts.size()], true));
     }
 }
+
+}  // namespace test_concurrency

@@ -24,6 +24,8 @@
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
 
+namespace test_gemma3 {
+
 using namespace cascade;
 
 namespace {
@@ -147,3 +149,5 @@ TEST_CASE("gemma3 270M: the tokenizer gives llama.cpp's ids, and greedy continua
   MESSAGE(n_compared, " of ", 32 * expected.size(), " tokens before llama.cpp's first near-tie on each prompt: equal");
   CHECK(n_compared >= 100);  // the prompts were chosen for long stretches of clear choices
 }
+
+}  // namespace test_gemma3

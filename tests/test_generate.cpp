@@ -29,6 +29,8 @@
 #include "model/tokenizer.hpp"
 #include "tool_run.hpp"
 
+namespace test_generate {
+
 using namespace cascade;
 
 namespace {
@@ -732,3 +734,5 @@ TEST_CASE("perplexity tool: a run, a saved run and the KL divergence from it, ba
   std::remove(text.c_str());
   std::remove(saved.c_str());
 }
+
+}  // namespace test_generate

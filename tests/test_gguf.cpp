@@ -18,6 +18,8 @@
 #include "model/gguf.hpp"
 #include "model/quant.hpp"
 
+namespace test_gguf {
+
 using namespace cascade::gguf;
 
 namespace {
@@ -657,3 +659,5 @@ TEST_CASE("gguf: the SmolLM2-135M Q4_1 model opens and every tensor dequantizes"
   CHECK(n_total > 130'000'000);
   CHECK(n_total < 140'000'000);
 }
+
+}  // namespace test_gguf

@@ -16,6 +16,8 @@
 #include "kernel_paths.hpp"
 #include "model/kv_cache.hpp"
 
+namespace test_kv_cache {
+
 using namespace cascade;
 using test::Rng;
 
@@ -414,3 +416,5 @@ TEST_CASE("kv cache: bad steps and bad changes are refused with an Error") {
   // Released ids are handed out again.
   CHECK(c.add_segment(root) == child);
 }
+
+}  // namespace test_kv_cache

@@ -18,6 +18,8 @@
 #include "model/linear_kernels.hpp"
 #include "model/quant.hpp"
 
+namespace test_linear {
+
 using namespace cascade;
 using gguf::TensorType;
 using linear::Path;
@@ -651,3 +653,5 @@ TEST_CASE("linear: bad matrices and inputs are errors naming the problem") {
   CHECK_THROWS_WITH_AS(linear::matmul(w, in, y.data()), doctest::Contains("input rows of 96 values"), Error);
   CHECK_THROWS_AS(w.row(2, y.data()), Error);
 }
+
+}  // namespace test_linear

@@ -17,6 +17,8 @@
 #include "model/perplexity.hpp"
 #include "model/quant.hpp"
 
+namespace test_llama {
+
 using namespace cascade;
 using gguf::TensorType;
 
@@ -963,3 +965,5 @@ TEST_CASE("llama: KV cache rejects a step at the wrong position and unknown meth
   CHECK_THROWS_AS(parse_attn_method("flash"), Error);
   CHECK(parse_attn_method("unified") == AttnMethod::unified);
 }
+
+}  // namespace test_llama

@@ -15,6 +15,8 @@
 #include "oracle/tiny_models.hpp"
 #include "tool_run.hpp"
 
+namespace test_models {
+
 using namespace cascade;
 using gguf::TensorType;
 using oracle::TinySpec;
@@ -366,3 +368,5 @@ TEST_CASE("models: cascade-generate -c picks long or short RoPE factors") {
   CHECK(tokens[0] != tokens[1]);
   CHECK(tokens[1] == tokens[2]);
 }
+
+}  // namespace test_models

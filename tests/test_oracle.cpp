@@ -36,6 +36,8 @@
 #include "model/linear.hpp"
 #include "model/llama.hpp"
 
+namespace test_oracle {
+
 using namespace cascade;
 using gguf::TensorType;
 
@@ -174,3 +176,5 @@ TEST_CASE("oracle: every architecture's logits within tolerance of llama.cpp's, 
     MESSAGE(c.name << ": worst |cascade - llama.cpp| / sd: quantized path " << worst[0] << ", f32 path " << worst[1]);
   }
 }
+
+}  // namespace test_oracle

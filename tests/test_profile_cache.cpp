@@ -20,6 +20,8 @@
 
 #include "tool_run.hpp"
 
+namespace test_profile_cache {
+
 namespace fs = std::filesystem;
 using cascade::CostModel;
 using cascade::DType;
@@ -521,3 +523,5 @@ TEST_CASE("profile cache: cascade-generate with an unusable cache folder runs as
   CHECK(names_in(home / ".cache" / "cascade").size() == 1);
   fs::remove_all(base);
 }
+
+}  // namespace test_profile_cache

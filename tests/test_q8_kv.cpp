@@ -12,6 +12,8 @@
 #include "cascade/cascade.hpp"
 #include "model/quant.hpp"
 
+namespace test_q8_kv {
+
 using namespace cascade;
 
 namespace {
@@ -161,3 +163,5 @@ TEST_CASE("q8_0 views: the reference reads code x scale, contiguous and paged, b
   CHECK(parse_dtype("q8_0") == DType::q8_0);
   CHECK(kv_element_bytes(DType::q8_0) == 1.0625);
 }
+
+}  // namespace test_q8_kv

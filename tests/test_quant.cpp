@@ -12,6 +12,8 @@
 #include "cascade/error.hpp"
 #include "model/quant.hpp"
 
+namespace test_quant {
+
 using namespace cascade::gguf;
 
 namespace {
@@ -392,3 +394,5 @@ TEST_CASE("quant: unsupported types and partial blocks are errors") {
   CHECK_THROWS_AS(dot_row(TensorType::Q6_K, buf.data(), y.data(), 128), cascade::Error);
   CHECK_THROWS_AS(dot_row(static_cast<TensorType>(77), buf.data(), y.data(), 32), cascade::Error);
 }
+
+}  // namespace test_quant

@@ -19,6 +19,8 @@
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
 
+namespace test_regressions {
+
 using cascade::Tokenizer;
 
 namespace {
@@ -201,3 +203,5 @@ TEST_CASE("regression: model: products of subnormal f32 weights are within the r
     for (const auto* p : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down})
       check(*p, "a layer's matrix");
 }
+
+}  // namespace test_regressions

@@ -15,6 +15,8 @@
 #include "cascade/error.hpp"
 #include "model/sampler.hpp"
 
+namespace test_sampler {
+
 using namespace cascade;
 
 namespace {
@@ -347,3 +349,5 @@ TEST_CASE("sampler: invalid penalties and biases are rejected") {
   p.logit_bias = {{1, NAN}};
   CHECK_THROWS_AS(Sampler(p, 0), Error);
 }
+
+}  // namespace test_sampler

@@ -20,6 +20,8 @@
 #include "server/api.hpp"
 #include "server/text.hpp"
 
+namespace test_server_api {
+
 using namespace cascade;
 using json = nlohmann::json;
 using server::StopText;
@@ -427,3 +429,5 @@ TEST_CASE("server api: max_tokens by default and at most --max-tokens, a chat wi
   CHECK(c["choices"][0]["finish_reason"] == "length");
   CHECK(s.engine.drain(std::chrono::seconds(10)));
 }
+
+}  // namespace test_server_api

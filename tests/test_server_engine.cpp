@@ -21,6 +21,8 @@
 #include "model/tokenizer.hpp"
 #include "server/engine.hpp"
 
+namespace test_server_engine {
+
 using namespace cascade;
 using server::Engine;
 using server::EngineConfig;
@@ -521,3 +523,5 @@ TEST_CASE("server engine: draining lets running requests finish, refuses queued 
   b.take();
   CHECK(b.answer.status == 503);
 }
+
+}  // namespace test_server_engine

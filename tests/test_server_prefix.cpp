@@ -13,6 +13,8 @@
 #include "cascade/error.hpp"
 #include "server/prefix_cache.hpp"
 
+namespace test_server_prefix {
+
 using namespace cascade;
 using server::PrefixCache;
 
@@ -278,3 +280,5 @@ TEST_CASE("prefix cache: a prompt that ends inside a node still being prefilled 
   f.expect_kv(ib.node, b);
   f.prefix.check();
 }
+
+}  // namespace test_server_prefix

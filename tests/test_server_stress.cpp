@@ -28,6 +28,8 @@
 #include "server/api.hpp"
 #include "server/engine.hpp"
 
+namespace test_server_stress {
+
 using namespace cascade;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -304,3 +306,5 @@ TEST_CASE("server stress: clients stream, cancel and leave at random, answers ar
   }
   CHECK(alone.drain(std::chrono::seconds(60)));
 }
+
+}  // namespace test_server_stress

@@ -33,6 +33,8 @@
 #include "oracle/tiny_models.hpp"
 #include "server/engine.hpp"
 
+namespace test_server_window {
+
 using namespace cascade;
 using server::Engine;
 using server::EngineConfig;
@@ -438,3 +440,5 @@ TEST_CASE("server window: a request's log-probabilities have the same bits alone
     }
   }
 }
+
+}  // namespace test_server_window

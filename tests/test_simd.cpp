@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+namespace test_simd {
+
 namespace {
 
 // The flags line of /proc/cpuinfo, or an empty set where there is none.
@@ -111,3 +113,5 @@ TEST_CASE("simd: the vendor and family that CPUID names agree with /proc/cpuinfo
   // the attention kernels' K/V prefetches: into L1 on Zen 5 and later AMD cores
   CHECK(cascade::prefetch_to_l1() == (vendor == "AuthenticAMD" && family >= 26));
 }
+
+}  // namespace test_simd

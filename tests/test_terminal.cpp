@@ -16,6 +16,8 @@
 #include "tool_run.hpp"
 #include "tools/terminal.hpp"
 
+namespace test_terminal {
+
 namespace {
 
 const std::string kTool = CASCADE_BINARY_DIR "/tools/cascade-generate";
@@ -211,3 +213,5 @@ TEST_CASE("terminal: with -np 1 on a terminal the text streams to stdout, but no
   CHECK(!has_progress(json2.tty));
   CHECK(json2.out.rfind("{\"model\":", 0) == 0);
 }
+
+}  // namespace test_terminal

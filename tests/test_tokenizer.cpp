@@ -20,6 +20,8 @@
 #include "model/gguf.hpp"
 #include "model/tokenizer.hpp"
 
+namespace test_tokenizer {
+
 using cascade::Tokenizer;
 using cascade::TokenType;
 using cascade::Vocab;
@@ -723,3 +725,5 @@ TEST_CASE("tokenizer: cascade-tokenize prints ids and pieces, and one-line error
     CHECK_MESSAGE(std::count(r.err.begin(), r.err.end(), '\n') == 1, "args: ", bad, " stderr: ", r.err);
   }
 }
+
+}  // namespace test_tokenizer

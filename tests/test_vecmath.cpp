@@ -13,6 +13,8 @@
 #include "cascade/simd.hpp"
 #include "model/vecmath.hpp"
 
+namespace test_vecmath {
+
 using namespace cascade;
 
 namespace {
@@ -143,3 +145,5 @@ TEST_CASE("vecmath: every tier gives the same bits, wherever a value sits in a r
     CHECK(same_bits(wts[t], wts[0]));
   }
 }
+
+}  // namespace test_vecmath
