@@ -7,6 +7,7 @@ sinks, encoder or cross attention) and steps it does not cover (non-causal or dy
 own kernels, announced by one log line per reason.
 """
 
+import json
 import os
 from dataclasses import dataclass, field
 
@@ -33,6 +34,17 @@ logger = init_logger("vllm.cascade_vllm")
 stats = {"steps": 0, "shared_steps": 0, "max_shared": 0, "chunked_prefill_steps": 0, "mixed_steps": 0,
          "cascade_layer_runs": 0, "fallback_layer_runs": 0}
 _announced: set[str] = set()
+# CASCADE_VLLM_STATS_DIR: each process writes its counters to DIR/PID.json at every step it plans, so that a test
+# sees them from workers in processes of their own (tensor or pipeline parallel).
+_stats_dir = os.environ.get("CASCADE_VLLM_STATS_DIR")
+
+
+def _publish_stats() -> None:
+    if _stats_dir:
+        path = os.path.join(_stats_dir, f"{os.getpid()}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(stats, f)
+        os.replace(path + ".tmp", path)
 
 
 def _announce_fallback(reason: str) -> None:
@@ -127,6 +139,7 @@ class CascadeAttentionMetadataBuilder(CPUAttentionMetadataBuilder):
         if tree.n_shared:
             stats["shared_steps"] += 1
             stats["max_shared"] = max(stats["max_shared"], tree.n_shared)
+        _publish_stats()  # the layer runs counted so far: the steps before this one
         return CascadeStep(tree, qsl[n_reqs])
 
 

@@ -25,6 +25,10 @@ def main() -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--logprobs", type=int, default=5)
     ap.add_argument("--max-batched-tokens", type=int, default=4096, help="tokens per step (chunked prefill)")
+    ap.add_argument("--pipeline-parallel", type=int, default=1,
+                    help="workers, each a range of layers in a process of its own (vLLM's multiprocess executor)")
+    ap.add_argument("--tensor-parallel", type=int, default=1,
+                    help="workers, each a share of every layer's heads in a process of its own")
     args = ap.parse_args()
     from vllm import LLM, SamplingParams
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -32,7 +36,9 @@ def main() -> int:
     prompts = json.load(open(args.prompts))
     llm = LLM(model=args.model, dtype=args.dtype, enforce_eager=True, enable_prefix_caching=True,
               max_model_len=2048, max_num_seqs=16, seed=0,
-              max_num_batched_tokens=args.max_batched_tokens)
+              max_num_batched_tokens=args.max_batched_tokens, pipeline_parallel_size=args.pipeline_parallel,
+              tensor_parallel_size=args.tensor_parallel,
+              distributed_executor_backend="mp" if args.pipeline_parallel * args.tensor_parallel > 1 else None)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, logprobs=args.logprobs, ignore_eos=True)
     results = []
     for outs in llm.generate(prompts, params, use_tqdm=False):

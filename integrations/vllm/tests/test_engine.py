@@ -37,7 +37,8 @@ QUESTIONS = ["When does the library open on Saturday?", "How many books can I bo
 OTHERS = ["The capital of France is", "def fibonacci(n):\n    "]
 
 
-def start_engine(tmp_path: Path, name: str, prompts: list[str], plugin: bool, dtype: str):
+def start_engine(tmp_path: Path, name: str, prompts: list[str], plugin: bool, dtype: str, *extra: str,
+                 env_extra: dict | None = None):
     src = tmp_path / f"{name}-prompts.json"
     out = tmp_path / f"{name}.json"
     log = tmp_path / f"{name}.log"
@@ -45,8 +46,10 @@ def start_engine(tmp_path: Path, name: str, prompts: list[str], plugin: bool, dt
     env = dict(os.environ)
     env["VLLM_PLUGINS"] = "cascade" if plugin else ""
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.update(env_extra or {})
     cmd = [sys.executable, str(Path(__file__).with_name("run_llm.py")), str(MODEL), str(src), str(out),
-           "--max-tokens", str(MAX_TOKENS), "--dtype", dtype, "--max-batched-tokens", str(MAX_BATCHED_TOKENS)]
+           "--max-tokens", str(MAX_TOKENS), "--dtype", dtype, "--max-batched-tokens", str(MAX_BATCHED_TOKENS),
+           *extra]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "w")), out, log
 
 
@@ -110,3 +113,33 @@ def test_cascade_path_ran_with_shared_spans(runs):
     assert stats["max_shared"] >= 2  # the system prompt fills two 128-token blocks
     assert stats["chunked_prefill_steps"] > 0  # prompt chunks after tokens already in the cache
     assert stats["mixed_steps"] > 0  # prompt chunks and decodes in one plan
+
+
+def test_tensor_parallel_workers_each_run_cascade(tmp_path):
+    """vLLM's multiprocess executor with three workers, tensor parallel: each in a process of its own with 3 of
+    SmolLM2's 9 query heads and 1 of its 3 K/V heads in every layer. The plugin plans every step in each of them,
+    and the tokens are those of vLLM's own backend in one process. (Two workers cannot split 3 K/V heads; pipeline
+    parallel fails in vLLM 0.32's CPU build with either backend: its second stage finds no intermediate tensors.)"""
+    if not (MODEL / "config.json").is_file():
+        pytest.skip(f"no model at {MODEL} (scripts/vllm-setup.sh writes build/vllm-model)")
+    prompts = [SYSTEM + q for q in QUESTIONS] + OTHERS
+    stats_dir = tmp_path / "stats"
+    stats_dir.mkdir()
+    # Cores for the workers' OpenMP threads, none reserved: vLLM's automatic binding reserves a core per worker
+    # for its front end, which leaves none on a 2-core machine.
+    n_cpus = os.cpu_count() or 1
+    bind = "|".join(str(w % n_cpus) for w in range(3))
+    tp_env = {"CASCADE_VLLM_STATS_DIR": str(stats_dir), "VLLM_CPU_OMP_THREADS_BIND": bind,
+              "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    own = start_engine(tmp_path, "own", prompts, False, "float32")
+    mine = start_engine(tmp_path, "cascade-tp3", prompts, True, "float32", "--tensor-parallel", "3",
+                        env_extra=tp_env)
+    base, mine = finish_engine(own), finish_engine(mine)
+    tie, logprob_tol = TOLERANCES["float32"]
+    assert compare(base, mine, tie, logprob_tol) == []
+    workers = [json.loads(p.read_text()) for p in stats_dir.glob("*.json")]
+    assert len(workers) == 3, [p.name for p in stats_dir.iterdir()]
+    for w in workers:
+        assert w["fallback_layer_runs"] == 0
+        assert w["cascade_layer_runs"] >= (w["steps"] - 1) * 30  # every layer of every step but the last
+        assert w["shared_steps"] > 0
