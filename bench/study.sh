@@ -57,7 +57,7 @@ prompt="$root/bench/study_prompt.txt"   # one line, 1,231 tokens with SmolLM2's 
 
 if [ ! -x "$bench" ] || [ ! -x "$gen" ] || [ ! -x "$mkrandom" ]; then
   echo "study.sh: building cascade-bench, cascade-generate, make-random-llama in $build" >&2
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake -S "$root" -B "$build" $(bash "$root/scripts/generator.sh" "$build") -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build "$build" -j2 --target cascade-bench cascade-generate make-random-llama >/dev/null
 fi
 [ -f "$model" ] || { echo "study.sh: $model is missing (bash scripts/setup.sh fetches it)" >&2; exit 1; }

@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B build $(bash scripts/generator.sh build) -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j2 --target cascade-generate
 exec build/tools/cascade-generate -m models/SmolLM2-135M-Instruct.Q4_1.gguf -np 4 -n 64 --stats-every 16 "$@"

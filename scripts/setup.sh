@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(cmake g++ make pkg-config libeigen3-dev libtbb-dev doctest-dev libutf8proc-dev
+pkgs=(cmake g++ make ninja-build pkg-config libeigen3-dev libtbb-dev doctest-dev libutf8proc-dev
       libcpp-httplib-dev nlohmann-json3-dev  # cascade-server: HTTP and JSON
       python3-pip                            # the server's tests drive it with the openai package
       python3-dev python3-venv)  # the Python module (pip install ., scripts/test.sh's virtual environment)

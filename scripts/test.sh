@@ -15,7 +15,7 @@ if [[ ! -x "$venv/bin/python" ]]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r python/requirements-test.txt
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCASCADE_BUILD_PYTHON=ON -DPython_EXECUTABLE="$PWD/$venv/bin/python" >/dev/null
+cmake -S . -B build $(bash scripts/generator.sh build) -DCMAKE_BUILD_TYPE=Release -DCASCADE_BUILD_PYTHON=ON -DPython_EXECUTABLE="$PWD/$venv/bin/python" >/dev/null
 cmake --build build -j2
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$PWD/build/python" >"$site/cascade-build.pth"

@@ -66,7 +66,7 @@ fi
 
 # --- the suites, against that oneTBB: an executable per suite (CASCADE_TEST_GROUPS=OFF), so only these four build ---
 san="-fsanitize=thread"
-cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=g++ -DCMAKE_CXX_FLAGS="-O1 -g1 $san" \
+cmake -S . -B build-tsan $(bash scripts/generator.sh build-tsan) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=g++ -DCMAKE_CXX_FLAGS="-O1 -g1 $san" \
   -DCMAKE_EXE_LINKER_FLAGS="$san" -DTBB_DIR="$tbb_prefix/lib/cmake/TBB" \
   -DCASCADE_BUILD_BENCH=OFF -DCASCADE_BUILD_TOOLS=OFF -DCASCADE_CUDA=OFF -DCASCADE_KERNELS_ANY_HEAD_DIM=ON \
   -DCASCADE_TEST_GROUPS=OFF >/dev/null
