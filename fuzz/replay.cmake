@@ -18,7 +18,7 @@ add_executable(fuzz_seeds_writer ${fuzz_dir}/fuzz_seeds.cpp)
 target_link_libraries(fuzz_seeds_writer PRIVATE cascade_model cascade_flags)
 target_compile_definitions(fuzz_seeds_writer PRIVATE ${fuzz_defs})
 add_test(NAME "fuzz replay: write the seeds" COMMAND fuzz_seeds_writer ${seed_dir})
-set_tests_properties("fuzz replay: write the seeds" PROPERTIES FIXTURES_SETUP fuzz_seeds)
+set_tests_properties("fuzz replay: write the seeds" PROPERTIES FIXTURES_SETUP fuzz_seeds LABELS fuzz_replay)
 
 foreach(name gguf tokenizer plan model request)
   add_executable(fuzz_replay_${name} ${fuzz_dir}/fuzz_${name}.cpp $<TARGET_OBJECTS:fuzz_replay_main>)
@@ -27,6 +27,6 @@ foreach(name gguf tokenizer plan model request)
   add_test(NAME "fuzz replay: ${name}"
            COMMAND fuzz_replay_${name} --mutate ${CASCADE_FUZZ_REPLAY_SECONDS} ${seed_dir}/${name}
            WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
-  set_tests_properties("fuzz replay: ${name}" PROPERTIES FIXTURES_REQUIRED fuzz_seeds)
+  set_tests_properties("fuzz replay: ${name}" PROPERTIES FIXTURES_REQUIRED fuzz_seeds LABELS fuzz_replay)
 endforeach()
 target_link_libraries(fuzz_replay_request PRIVATE cascade_server)

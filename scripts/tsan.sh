@@ -76,9 +76,11 @@ if [[ "$(cat "$tbb_prefix/version" 2>/dev/null)" != "$src_version" ]]; then
   echo "$src_version" >"$tbb_prefix/version"
 fi
 
-# --- the suites, against that oneTBB: an executable per suite (CASCADE_TEST_GROUPS=OFF), so only these four build ---
+# --- the suites, against that oneTBB: an executable per suite (CASCADE_TEST_GROUPS=OFF), so only these build ---
+# -g1 (functions and line tables, what a report shows) and not the Debug type's -g, which would follow it.
 san="-fsanitize=thread"
-cmake -S . -B build-tsan $(bash scripts/generator.sh build-tsan) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=g++ -DCMAKE_CXX_FLAGS="-O1 -g1 $san" \
+cmake -S . -B build-tsan $(bash scripts/generator.sh build-tsan) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=g++ \
+  -DCMAKE_CXX_FLAGS_DEBUG="" -DCMAKE_CXX_FLAGS="-O1 -g1 $san" \
   -DCMAKE_EXE_LINKER_FLAGS="$san" -DTBB_DIR="$tbb_prefix/lib/cmake/TBB" \
   -DCASCADE_BUILD_BENCH=OFF -DCASCADE_BUILD_TOOLS=OFF -DCASCADE_CUDA=OFF -DCASCADE_KERNELS_ANY_HEAD_DIM=ON \
   -DCASCADE_TEST_GROUPS=OFF >/dev/null
