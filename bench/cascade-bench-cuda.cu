@@ -4,8 +4,10 @@
 // the same run. Flags and output columns are cascade-bench's (--threads is accepted and reported as 0).
 //
 // Limits: copy bandwidth (a large device-to-device copy, bytes read + written over its time) and the
-// tensor-core rate (cuBLAS GemmEx, 8192^3, f16/bf16 inputs as the K/V type, f32 accumulation). Each row
-// carries the minimum bytes and FLOPs of the step (DESIGN.md: K/V of P + B*t tokens read once,
+// tensor-core rate (cuBLAS GemmEx, 8192^3, f16/bf16 inputs as the K/V type, f16 for q8_0 K/V, whose tiles the
+// kernels convert to f16; f32 accumulation). Each row
+// carries the minimum bytes and FLOPs of the step (DESIGN.md: K/V of P + B*t tokens read once, q8_0 at 34 bytes
+// per 32 elements,
 // 4*B*n_q_heads*(P + t)*head_dim FLOPs), limit_ms (the larger of the two times they imply) and the fraction
 // reached, limit_ms / median_ms. Times: CUDA events around each repetition, median over --reps after
 // --warmup runs; the L2 is overwritten before every timed repetition (unless --no-flush), so K/V comes from
@@ -64,7 +66,7 @@ void usage() {
       "  --shape NAME        head-shape preset: smollm2-135m (9/3/64, default), llama3-8b (32/8/128),\n"
       "                      llama3.2-1b (32/8/64), llama2-7b (32/32/128), qwen2.5-7b (28/4/128), mistral-7b\n"
       "  --heads Q/KV/D      explicit query heads / KV heads / head dim (64, 80, 96, 128, 256)\n"
-      "  --kv-dtype LIST     f16, bf16 (default f16)\n"
+      "  --kv-dtype LIST     f16, bf16, q8_0 (default f16; q8_0: head dims 64, 96, 128, 256)\n"
       "  --method LIST       cascade, split, unified (default all three)\n"
       "  --threads LIST      accepted for cascade-bench compatibility; the device ignores it\n"
       "  --reps N            timed repetitions (default 20), --warmup N (default 3)\n"
@@ -86,9 +88,12 @@ CudaArgs parse_args(int argc, char** argv) {
   // --threads is taken for cascade-bench compatibility and ignored: the device sets its own parallelism.
   if (!cascade::cuda::head_dim_supported(a.shape.head_dim))
     die("--heads: head dim " + std::to_string(a.shape.head_dim) + " has no CUDA kernel");
-  for (DType dt : a.dtypes)
-    if (dt != DType::f16 && dt != DType::bf16)
-      die("--kv-dtype: this benchmark times f16 or bf16 K/V (the CUDA kernels also take q8_0, not timed here yet)");
+  for (DType dt : a.dtypes) {
+    if (dt != DType::f16 && dt != DType::bf16 && dt != DType::q8_0)
+      die(std::string("--kv-dtype: the CUDA kernels take f16, bf16 or q8_0 K/V, not ") + cascade::dtype_name(dt));
+    if (dt == DType::q8_0 && a.shape.head_dim % cascade::kQ8Block != 0)
+      die("--kv-dtype q8_0: head dim " + std::to_string(a.shape.head_dim) + " is not a multiple of 32");
+  }
   return a;
 }
 
@@ -127,12 +132,23 @@ __global__ void fill_kernel(T* x, int64_t n, uint64_t seed) {
   }
 }
 
-void fill(void* p, int64_t n, DType dt, uint64_t seed) {
+// q8_0: codes uniform in [-127, 127], and block scales uniform in [0.5, 1.5) / 127 (elements in about [-1.5, 1.5]).
+__global__ void fill_q8_kernel(int8_t* codes, __half* scales, int64_t n, uint64_t seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    codes[i] = int8_t(__float2int_rn(127.0f * hash_uniform(uint64_t(i), seed)));
+    if (i % cascade::kQ8Block == 0)
+      scales[i / cascade::kQ8Block] = __float2half_rn((1.0f + 0.5f * hash_uniform(uint64_t(i), seed + 1)) / 127.0f);
+  }
+}
+
+// n random elements of type dt at p (q8_0: n codes at p, n / 32 scales at scales).
+void fill(void* p, int64_t n, DType dt, uint64_t seed, void* scales = nullptr) {
   if (n == 0) return;
   const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, 65535));
   if (dt == DType::f32) fill_kernel<float><<<blocks, 256>>>(static_cast<float*>(p), n, seed);
   else if (dt == DType::f16) fill_kernel<__half><<<blocks, 256>>>(static_cast<__half*>(p), n, seed);
-  else fill_kernel<__nv_bfloat16><<<blocks, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
+  else if (dt == DType::bf16) fill_kernel<__nv_bfloat16><<<blocks, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
+  else fill_q8_kernel<<<blocks, 256>>>(static_cast<int8_t*>(p), static_cast<__half*>(scales), n, seed);
   CHECK_CUDA(cudaGetLastError(), "launching the random fill");
 }
 
@@ -200,10 +216,53 @@ double measure_tensor_rate(cudaStream_t stream, DType dt) {
 
 
 
+// K or V of some tokens on the device, dense (tokens, kv heads, dim): the elements (q8_0: the codes) and, for q8_0,
+// the f16 scale of every 32 codes.
+struct KvBuf {
+  Buffer x, scales;
+  KvBuf() = default;
+  KvBuf(int64_t n_tokens, int64_t row, DType dt)
+      : x(size_t(n_tokens * row * cascade::dtype_size(dt))),
+        scales(dt == DType::q8_0 ? size_t(n_tokens * row / cascade::kQ8Block * 2) : 0) {}
+};
+
+// A view of tokens [first, first + n) of k and v (row elements per token).
+cascade::KvView view_of(const HeadShape& sh, DType dt, const KvBuf& k, const KvBuf& v, int64_t first, int64_t n) {
+  const int64_t off = first * int64_t(sh.n_kv_heads) * sh.head_dim;  // in elements
+  if (dt == DType::q8_0) {
+    const int64_t so = off / cascade::kQ8Block;
+    return cascade::KvView::contiguous_q8_0(k.x.as<const int8_t>() + off, k.scales.as<const cascade::f16>() + so,
+                                            v.x.as<const int8_t>() + off, v.scales.as<const cascade::f16>() + so, n,
+                                            sh.n_kv_heads, sh.head_dim);
+  }
+  const int64_t bytes = off * cascade::dtype_size(dt);
+  cascade::KvView kv = cascade::KvView::contiguous(reinterpret_cast<const float*>(k.x.as<const char>() + bytes),
+                                                   reinterpret_cast<const float*>(v.x.as<const char>() + bytes), n,
+                                                   sh.n_kv_heads, sh.head_dim);
+  kv.dtype = dt;
+  return kv;
+}
+
+// Copies tokens [from, from + n) of src to tokens [to, to + n) of dst (row elements per token), on stream.
+void copy_tokens(const KvBuf& src, int64_t from, KvBuf& dst, int64_t to, int64_t n, int64_t row, DType dt,
+                 cudaStream_t stream) {
+  const size_t es = size_t(cascade::dtype_size(dt));
+  CHECK_CUDA(cudaMemcpyAsync(dst.x.as<char>() + size_t(to * row) * es, src.x.as<const char>() + size_t(from * row) * es,
+                             size_t(n * row) * es, cudaMemcpyDeviceToDevice, stream),
+             "copying K/V");
+  if (dt == DType::q8_0) {
+    const size_t ss = size_t(row / cascade::kQ8Block) * 2;  // scale bytes per token
+    CHECK_CUDA(cudaMemcpyAsync(dst.scales.as<char>() + size_t(to) * ss, src.scales.as<const char>() + size_t(from) * ss,
+                               size_t(n) * ss, cudaMemcpyDeviceToDevice, stream),
+               "copying q8_0 scales");
+  }
+}
+
 // The problem on the device: one prefix and B suffixes (one buffer, sequence after sequence), dense
 // (tokens, kv heads, dim), random values; q for one query token per sequence.
 struct Problem {
-  Buffer pk, pv, sk, sv, q, o, lse;
+  KvBuf pk, pv, sk, sv;
+  Buffer q, o, lse;
   int64_t row = 0;  // elements per token
   cascade::Tree tree;                  // segment 0 the prefix, s + 1 sequence s's own tokens
   std::vector<cascade::KvView> views;  // device K/V of its segments
@@ -213,31 +272,21 @@ std::unique_ptr<Problem> make_problem(const HeadShape& shape, DType dt, int64_t 
                                       uint64_t seed) {
   auto p = std::make_unique<Problem>();
   p->row = int64_t(shape.n_kv_heads) * shape.head_dim;
-  const int64_t es = cascade::dtype_size(dt);
-  p->pk = Buffer(size_t(prefix * p->row * es));
-  p->pv = Buffer(size_t(prefix * p->row * es));
-  p->sk = Buffer(size_t(batch * suffix * p->row * es));
-  p->sv = Buffer(size_t(batch * suffix * p->row * es));
-  fill(p->pk.p, prefix * p->row, dt, seed + 1);
-  fill(p->pv.p, prefix * p->row, dt, seed + 2);
-  fill(p->sk.p, batch * suffix * p->row, dt, seed + 3);
-  fill(p->sv.p, batch * suffix * p->row, dt, seed + 4);
+  p->pk = KvBuf(prefix, p->row, dt);
+  p->pv = KvBuf(prefix, p->row, dt);
+  p->sk = KvBuf(batch * suffix, p->row, dt);
+  p->sv = KvBuf(batch * suffix, p->row, dt);
+  fill(p->pk.x.p, prefix * p->row, dt, seed + 1, p->pk.scales.p);
+  fill(p->pv.x.p, prefix * p->row, dt, seed + 2, p->pv.scales.p);
+  fill(p->sk.x.p, batch * suffix * p->row, dt, seed + 3, p->sk.scales.p);
+  fill(p->sv.x.p, batch * suffix * p->row, dt, seed + 4, p->sv.scales.p);
   const int64_t n_q = batch * shape.n_q_heads * shape.head_dim;
   p->q = Buffer(size_t(n_q * 4));
   p->o = Buffer(size_t(n_q * 4));
   p->lse = Buffer(size_t(batch * shape.n_q_heads * 4));
   fill(p->q.p, n_q, DType::f32, seed + 5);
-  const auto view = [&](const void* k, const void* v, int64_t n) {
-    cascade::KvView kv = cascade::KvView::contiguous(static_cast<const float*>(k), static_cast<const float*>(v), n,
-                                                     shape.n_kv_heads, shape.head_dim);
-    kv.dtype = dt;
-    return kv;
-  };
-  p->views.push_back(view(p->pk.p, p->pv.p, prefix));
-  for (int64_t s = 0; s < batch; ++s) {
-    const int64_t off = s * suffix * p->row * es;
-    p->views.push_back(view(p->sk.as<char>() + off, p->sv.as<char>() + off, suffix));
-  }
+  p->views.push_back(view_of(shape, dt, p->pk, p->pv, 0, prefix));
+  for (int64_t s = 0; s < batch; ++s) p->views.push_back(view_of(shape, dt, p->sk, p->sv, s * suffix, suffix));
   p->tree = cascade::Tree::two_level(shape, prefix, std::vector<int64_t>(size_t(batch), suffix));
   CHECK_CUDA(cudaDeviceSynchronize(), "filling the problem");
   return p;
@@ -262,8 +311,10 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
     const double bw = measure_copy_bandwidth(stream);
     std::map<DType, double> rate;
+    // q8_0's tiles are f16 on the device: its FLOPs are priced at the f16 rate.
+    const auto tile_type = [](DType dt) { return dt == DType::q8_0 ? DType::f16 : dt; };
     for (DType dt : a.dtypes)
-      if (!rate.count(dt)) rate[dt] = measure_tensor_rate(stream, dt);
+      if (!rate.count(tile_type(dt))) rate[tile_type(dt)] = measure_tensor_rate(stream, tile_type(dt));
     std::fprintf(stderr, "device: %s, %d SMs, L2 %d MiB; copy bandwidth %.1f GB/s (read + write)", prop.name,
                  prop.multiProcessorCount, prop.l2CacheSize >> 20, bw / 1e9);
     for (auto [dt, r] : rate) std::fprintf(stderr, "; %s tensor cores %.1f TFLOP/s", cascade::dtype_name(dt), r / 1e12);
@@ -281,7 +332,7 @@ int main(int argc, char** argv) {
         for (int64_t P : a.prefix)
           for (int64_t t : a.suffix) {
             const HeadShape& sh = a.shape;
-            const double kv_token_bytes = 2.0 * sh.n_kv_heads * sh.head_dim * cascade::dtype_size(dt);
+            const double kv_token_bytes = 2.0 * double(cascade::kv_row_bytes(dt, sh.n_kv_heads, sh.head_dim));
             const double qo_bytes = 2.0 * B * sh.n_q_heads * sh.head_dim * 4;
             auto prob = make_problem(sh, dt, B, P, t, seed += 10);
             Row base{};
@@ -290,10 +341,10 @@ int main(int argc, char** argv) {
             base.min_flops = 4.0 * B * sh.n_q_heads * double(P + t) * sh.head_dim;
             base.path = "cuda";
             base.bw_ms = 1e3 * base.min_bytes / bw;
-            base.flop_ms = 1e3 * base.min_flops / rate[dt];
+            base.flop_ms = 1e3 * base.min_flops / rate[tile_type(dt)];
             base.limit_ms = std::max(base.bw_ms, base.flop_ms);
             base.bw_gbs = bw / 1e9;
-            base.peak_gflops = rate[dt] / 1e9;
+            base.peak_gflops = rate[tile_type(dt)] / 1e9;
             const size_t n_o = size_t(B * sh.n_q_heads * sh.head_dim);
             std::vector<float> first_o;
             std::string first_method;
@@ -301,7 +352,7 @@ int main(int argc, char** argv) {
               Row r = base;
               r.method = m;
               // The method's own K/V layout (split and unified copy the problem's K/V on the device).
-              Buffer xk, xv;
+              KvBuf xk, xv;
               std::unique_ptr<cascade::cuda::Workspace> ws;
               if (m == "cascade") {
                 r.bytes_read = base.min_bytes;
@@ -315,24 +366,16 @@ int main(int argc, char** argv) {
                   continue;
                 }
                 r.bytes_read = kv_token_bytes * double(B) * double(P + t) + qo_bytes;
-                const size_t seq_bytes = size_t(double(P + t) * kv_token_bytes / 2), pre = size_t(P * prob->row * cascade::dtype_size(dt));
-                xk = Buffer(size_t(B) * seq_bytes);
-                xv = Buffer(size_t(B) * seq_bytes);
+                const int64_t n_seq = P + t;  // tokens of each sequence's copy
+                xk = KvBuf(B * n_seq, prob->row, dt);
+                xv = KvBuf(B * n_seq, prob->row, dt);
                 std::vector<cascade::KvView> views;
                 for (int64_t s = 0; s < B; ++s) {
-                  char* dk = xk.as<char>() + s * seq_bytes;
-                  char* dv = xv.as<char>() + s * seq_bytes;
-                  CHECK_CUDA(cudaMemcpyAsync(dk, prob->pk.p, pre, cudaMemcpyDeviceToDevice, stream), "split copy");
-                  CHECK_CUDA(cudaMemcpyAsync(dv, prob->pv.p, pre, cudaMemcpyDeviceToDevice, stream), "split copy");
-                  CHECK_CUDA(cudaMemcpyAsync(dk + pre, prob->views[size_t(s) + 1].k, seq_bytes - pre,
-                                             cudaMemcpyDeviceToDevice, stream), "split copy");
-                  CHECK_CUDA(cudaMemcpyAsync(dv + pre, prob->views[size_t(s) + 1].v, seq_bytes - pre,
-                                             cudaMemcpyDeviceToDevice, stream), "split copy");
-                  cascade::KvView kv = cascade::KvView::contiguous(reinterpret_cast<const float*>(dk),
-                                                                   reinterpret_cast<const float*>(dv), P + t,
-                                                                   sh.n_kv_heads, sh.head_dim);
-                  kv.dtype = dt;
-                  views.push_back(kv);
+                  copy_tokens(prob->pk, 0, xk, s * n_seq, P, prob->row, dt, stream);
+                  copy_tokens(prob->pv, 0, xv, s * n_seq, P, prob->row, dt, stream);
+                  copy_tokens(prob->sk, s * t, xk, s * n_seq + P, t, prob->row, dt, stream);
+                  copy_tokens(prob->sv, s * t, xv, s * n_seq + P, t, prob->row, dt, stream);
+                  views.push_back(view_of(sh, dt, xk, xv, s * n_seq, n_seq));
                 }
                 CHECK_CUDA(cudaStreamSynchronize(stream), "split copies");
                 ws = std::make_unique<cascade::cuda::Workspace>(cascade::cuda::plan_for_device(
@@ -342,15 +385,12 @@ int main(int argc, char** argv) {
               } else {
                 r.bytes_read = base.min_bytes;
                 const int64_t n_keys = P + B * t;
-                const size_t pre = size_t(P * prob->row * cascade::dtype_size(dt));
-                xk = Buffer(size_t(double(n_keys) * kv_token_bytes / 2));
-                xv = Buffer(xk.bytes);
-                CHECK_CUDA(cudaMemcpyAsync(xk.p, prob->pk.p, pre, cudaMemcpyDeviceToDevice, stream), "unified copy");
-                CHECK_CUDA(cudaMemcpyAsync(xv.p, prob->pv.p, pre, cudaMemcpyDeviceToDevice, stream), "unified copy");
-                CHECK_CUDA(cudaMemcpyAsync(xk.as<char>() + pre, prob->sk.p, prob->sk.bytes, cudaMemcpyDeviceToDevice,
-                                           stream), "unified copy");
-                CHECK_CUDA(cudaMemcpyAsync(xv.as<char>() + pre, prob->sv.p, prob->sv.bytes, cudaMemcpyDeviceToDevice,
-                                           stream), "unified copy");
+                xk = KvBuf(n_keys, prob->row, dt);
+                xv = KvBuf(n_keys, prob->row, dt);
+                copy_tokens(prob->pk, 0, xk, 0, P, prob->row, dt, stream);
+                copy_tokens(prob->pv, 0, xv, 0, P, prob->row, dt, stream);
+                copy_tokens(prob->sk, 0, xk, P, B * t, prob->row, dt, stream);
+                copy_tokens(prob->sv, 0, xv, P, B * t, prob->row, dt, stream);
                 CHECK_CUDA(cudaStreamSynchronize(stream), "unified copies");
                 // Masks: prefix keys belong to every sequence, suffix s's keys to s alone.
                 const int64_t n_words = (B + 63) / 64;
@@ -371,9 +411,7 @@ int main(int argc, char** argv) {
                   row_pos[size_t(s)] = int32_t(P + t - 1);
                 }
                 cascade::cpu::UnifiedBatch b;
-                b.kv = cascade::KvView::contiguous(xk.as<const float>(), xv.as<const float>(), n_keys, sh.n_kv_heads,
-                                                   sh.head_dim);
-                b.kv.dtype = dt;
+                b.kv = view_of(sh, dt, xk, xv, 0, n_keys);
                 b.key_seqs = key_seqs.data();
                 b.n_words = n_words;
                 b.key_pos = key_pos.data();

@@ -4,9 +4,9 @@
 #   scripts/pack-device-deps.sh
 # and carried along). Builds for sm_90 (only the CUDA tests, the schedule test and cascade-bench-cuda), runs
 # the CUDA tests, runs cascade-bench-cuda at the headline point (llama3-8b heads 32/8/128, bf16 K/V,
-# batch 128, prefix 32768, suffix 256; cascade, split, unified) and a small sweep, and times PyTorch's
-# scaled_dot_product_attention on the split layout when PyTorch is there. Logs, JSON and summary.txt go
-# to OUTDIR. About 5 minutes on an H200; every step has its own time limit so the whole stays under 8.
+# batch 128, prefix 32768, suffix 256; cascade, split, unified), a small sweep and q8_0 K/V beside f16, and
+# times PyTorch's scaled_dot_product_attention on the split layout when PyTorch is there. Logs, JSON and
+# summary.txt go to OUTDIR. About 5 minutes on an H200; every step has its own time limit so the whole stays under 8.
 #
 # Usage: scripts/device-check.sh OUTDIR
 set -uo pipefail
@@ -87,6 +87,9 @@ if [ -x "$bench_bin" ]; then
     --reps 10 --warmup 2 -o json > "$out/sweep.json" 2> "$out/sweep.log" || fail "sweep (sweep.log)"
   timeout 60 "$bench_bin" --shape llama3.2-1b --kv-dtype bf16 --batch 32 --prefix 4096 --suffix 128,1024 \
     --reps 10 --warmup 2 -o json > "$out/sweep_d64.json" 2> "$out/sweep_d64.log" || fail "sweep d64 (sweep_d64.log)"
+  # q8_0 K/V beside f16 where the per-sequence passes dominate (4,096 own tokens a sequence): half the bytes read.
+  timeout 90 "$bench_bin" --shape llama3-8b --kv-dtype f16,q8_0 --batch 64 --prefix 1024 --suffix 4096 \
+    --reps 10 --warmup 2 -o json > "$out/q8_0.json" 2> "$out/q8_0.log" || fail "q8_0 beside f16 (q8_0.log)"
 fi
 
 # --- PyTorch's SDPA on the split layout, same shapes (skipped without PyTorch).
