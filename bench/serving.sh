@@ -5,7 +5,7 @@
 #
 #   bench/serving.sh [--quick] [--llama-server PATH] [--llama-variants "split unified"] [--clients N] [--system P]
 #                    [--max-tokens T] [--duration S] [--rates "R1 R2"] [--methods "cascade split unified auto"]
-#                    [--vllm "own cascade"] [--vllm-dtype D] [--no-ttft] OUTDIR
+#                    [--vllm "own cascade"] [--vllm-dtype D] [--no-ttft] [--nondeterministic-too] OUTDIR
 #
 # Per server: a closed loop of N clients for S seconds, Poisson arrivals at each rate for S seconds, and a
 # time-to-first-token probe (a system prompt the server has not seen, then the same one again: cached vs not).
@@ -15,12 +15,14 @@
 # --vllm: vLLM's OpenAI server (build/vllm-venv, scripts/vllm-setup.sh; the model in build/vllm-model) with its own
 # CPU attention (own: VLLM_PLUGINS="") and with the cascade plugin (cascade: integrations/vllm), prefix caching on,
 # --vllm-dtype its weights' type (default float32: on a CPU without bf16 products its bf16 matmuls ran 4x slower).
-# --rates "" and --no-ttft: the closed loop alone.
+# --rates "" and --no-ttft: the closed loop alone. --nondeterministic-too: each cascade-server method also with
+# --nondeterministic (its faster, batch-variant kernels; recorded as cascade-METHOD-nondeterministic), right after
+# the default run, so determinism's cost comes from one run.
 # On a shared machine, time under an exclusive lock, one server per call: flock -x ... bench/serving.sh ...
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 clients=16 system=1000 max_tokens=256 duration=120 rates="1 2" methods="cascade split unified auto"
-llama_server="" llama_variants="split unified" quick=0 vllm_variants="" vllm_dtype=float32 ttft=1
+llama_server="" llama_variants="split unified" quick=0 vllm_variants="" vllm_dtype=float32 ttft=1 nondet_too=0
 while (($#)); do
   case "$1" in
     --quick) quick=1; clients=4 system=200 max_tokens=16 duration=8 rates="2" methods="cascade auto" ;;
@@ -35,7 +37,8 @@ while (($#)); do
     --vllm) vllm_variants="$2"; shift ;;
     --vllm-dtype) vllm_dtype="$2"; shift ;;
     --no-ttft) ttft=0 ;;
-    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
+    --nondeterministic-too) nondet_too=1 ;;
+    -h|--help) sed -n 2,21p "$0"; exit 0 ;;
     -*) echo "serving.sh: unknown option $1" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -106,19 +109,24 @@ stop() {  # PID
   kill -KILL "$1" 2>/dev/null || true
 }
 
-for m in $methods; do
-  "$server" -m "$model" --port 0 -np "$clients" -c "$ctx" -t "$threads" --attn "$m" --queue 1024 \
-    2> "$out/cascade-server-$m.log" &
-  pid=$!
-  port=""
+run_cascade() {  # METHOD LABEL [SERVER FLAGS...]
+  local m=$1 label=$2
+  shift 2
+  "$server" -m "$model" --port 0 -np "$clients" -c "$ctx" -t "$threads" --attn "$m" --queue 1024 "$@" \
+    2> "$out/$label.log" &
+  local pid=$! port=""
   for _ in $(seq 600); do
-    port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out/cascade-server-$m.log")
+    port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$out/$label.log")
     [[ -n "$port" ]] && break
-    kill -0 $pid 2>/dev/null || { log "cascade-server --attn $m did not start: $(tail -1 "$out/cascade-server-$m.log")"; exit 1; }
+    kill -0 $pid 2>/dev/null || { log "cascade-server --attn $m $* did not start: $(tail -1 "$out/$label.log")"; exit 1; }
     sleep 0.1
   done
-  run_all "cascade-$m" "$port" "$pid"
+  run_all "$label" "$port" "$pid"
   stop "$pid"
+}
+for m in $methods; do
+  run_cascade "$m" "cascade-$m"
+  if ((nondet_too)); then run_cascade "$m" "cascade-$m-nondeterministic" --nondeterministic; fi
 done
 
 if [[ -n "$llama_server" ]]; then
