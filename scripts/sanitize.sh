@@ -46,8 +46,9 @@ cmake -S . -B build-asan $(bash scripts/generator.sh build-asan) -DCMAKE_BUILD_T
 if ((all)); then
   cmake --build build-asan -j2
 else
+  # The two tools test_model runs (cascade-generate's -c and RoPE factors, cascade-tokenize's output and errors).
   cmake --build build-asan -j2 --target test_attention test_model fuzz_seeds_writer \
-    fuzz_replay_{gguf,tokenizer,plan,model,request}
+    fuzz_replay_{gguf,tokenizer,plan,model,request} cascade-generate cascade-tokenize
 fi
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
