@@ -40,8 +40,8 @@ san+=" -fno-sanitize-recover=all -fno-omit-frame-pointer"
 # all a sanitizer's report shows, in less build time than full debug info. CASCADE_KERNELS_ANY_HEAD_DIM: the
 # attention kernels compiled for any head dim only (the head dims 64 and 128 compiled on their own are the same
 # templates with a constant; the Release suite runs them): the avx2 kernels' unit in 38 s of CPU instead of 62.
-cmake -S . -B build-asan $(bash scripts/generator.sh build-asan) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_CXX_FLAGS_DEBUG="" \
-  -DCMAKE_CXX_FLAGS="-O1 -g1 $san" -DCMAKE_EXE_LINKER_FLAGS="$san" \
+cmake -S . -B build-asan $(bash scripts/generator.sh build-asan) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER="$cxx" \
+  -DCMAKE_CXX_FLAGS_DEBUG="" -DCMAKE_CXX_FLAGS="-O1 -g1 $san" -DCMAKE_EXE_LINKER_FLAGS="$san" \
   -DCASCADE_BUILD_BENCH=OFF -DCASCADE_CUDA=OFF -DCASCADE_FUZZ_REPLAY=ON -DCASCADE_KERNELS_ANY_HEAD_DIM=ON >/dev/null
 if ((all)); then
   cmake --build build-asan -j2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The concurrent parts under ThreadSanitizer: a separate build in build-tsan (g++, -fsanitize=thread), every
 # report fatal. Extra arguments go to each suite (doctest flags, e.g. -tc='concurrency*').
-#   scripts/tsan.sh         what CI runs (.ci/run)
+#   scripts/tsan.sh         the suites that add threading (below)
 #   scripts/tsan.sh --all   also test_llama, and test_attention's sweeps over kernel shapes
 #
 # What runs: the suites whose code runs on several threads at once, two at a time, each bounded in time:
