@@ -3,6 +3,7 @@
 // byte picks the vocabulary and flags, the rest is the text).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -36,7 +37,7 @@ std::string bytes(std::initializer_list<unsigned char> b) { return std::string(b
 
 // The plan of a fuzz_plan input whose segments are only planned, never run (the "huge" flag), as fuzz_plan
 // makes it: the tree from the lengths, then its CPU schedule.
-cascade::Plan build_huge_plan(const std::vector<uint8_t>& input) {
+cascade::Plan build_huge_plan(const std::vector<uint8_t>& input, const cascade::cpu::Options& options = {}) {
   const cascade::fuzz::PlanSpec spec = cascade::fuzz::decode_plan(input.data(), input.size());
   REQUIRE(spec.huge);
   const cascade::HeadShape shape{spec.n_q_heads, spec.n_kv_heads, spec.head_dim_value()};
@@ -48,7 +49,7 @@ cascade::Plan build_huge_plan(const std::vector<uint8_t>& input) {
     paths.emplace_back(s.path.begin(), s.path.end());
     n_query.push_back(s.n_query);
   }
-  return cascade::cpu::plan(cascade::Tree::build(shape, n_tokens, paths, n_query));
+  return cascade::cpu::plan(cascade::Tree::build(shape, n_tokens, paths, n_query), options);
 }
 
 // Model::load's error on a fuzz_model seed (fuzz/model_seed.hpp) changed as the case says; "" when it loads.
@@ -100,6 +101,28 @@ TEST_CASE("regression: plan: a sequence with more keys than int64 holds is refus
   input[6 + 7] = 0x3f;  // the first segment becomes 2^62 - 2^56 tokens
   CHECK_NOTHROW(build_huge_plan(input));
   const cascade::Plan plan = build_huge_plan(input);
+  CHECK_NOTHROW(cascade::verify_schedule(plan.attended(), plan.schedule()));
+}
+
+// fuzz_plan, a 38-byte mutation of a seed: 04 08 08 c3 00 02 | 0 as u64, 02 01 | 67,174,402 as u64, 00 00 | 02 |
+// 01 02 00 01 | 04 00 | 6 zero bytes: a sequence through an empty segment and one of 67 million keys. Its one item
+// spans 65,601 blocks of keys (16,403 states, a block or a fold span each), and verify_schedule walked the item's
+// blocks again for every slot an output merges: about 10^10 steps (a replay ran past CI's hour). Now each item's
+// key ranges are listed once. Fixed in include/cascade/schedule.hpp (verify_schedule); the replay's --timeout now
+// ends such an input.
+TEST_CASE("regression: plan: verifying the schedule of an item of 65,601 blocks is linear, not quadratic") {
+  const std::vector<uint8_t> input = {0x04, 0x08, 0x08, 0xc3, 0x00, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+                                      0x00, 0x02, 0x01, 0x02, 0x00, 0x01, 0x04, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+                                      0x02, 0x01, 0x02, 0x00, 0x01, 0x04, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
+  const cascade::Plan plan = build_huge_plan(input, cascade::cpu::Options{1});  // one thread, as the input said
+  const cascade::Schedule& sc = plan.schedule();
+  int64_t most_blocks = 0, most_states = 0;
+  for (const cascade::Schedule::Item& it : sc.items) {
+    most_blocks = std::max(most_blocks, sc.block > 0 ? (it.t1 - it.t0) / sc.block : 0);
+    most_states = std::max(most_states, it.n_states);
+  }
+  CAPTURE(most_states);
+  CHECK(most_blocks > 50000);  // still the input that took hours
   CHECK_NOTHROW(cascade::verify_schedule(plan.attended(), plan.schedule()));
 }
 

@@ -508,6 +508,17 @@ inline void verify_schedule(const Tree& tree, const Schedule& s) {
   }
   CASCADE_CHECK(int64_t(s.out_begin.size()) == tree.n_rows() * shape.n_q_heads + 1, "schedule: merge lists for ",
                 s.out_begin.size(), " outputs");
+  // Each item's states' key ranges, listed once: looking one up by walking the item's blocks for every slot
+  // merged would cost (blocks of an item) squared, hours for an item of a few million blocks.
+  std::vector<int64_t> state_begin(s.items.size() + 1, 0);
+  std::vector<std::pair<int64_t, int64_t>> state_keys;
+  for (size_t i = 0; i < s.items.size(); ++i) {
+    s.item_states(s.items[i], [&](int64_t, int64_t a, int64_t b) { state_keys.emplace_back(a, b); });
+    state_begin[i + 1] = int64_t(state_keys.size());
+    CASCADE_CHECK(state_begin[i + 1] - state_begin[i] == s.items[i].n_states, "schedule: item ", i, " has ",
+                  s.items[i].n_states, " states per row and head, and ", state_begin[i + 1] - state_begin[i],
+                  " blocks or folds");
+  }
   std::vector<std::tuple<int, int64_t, int64_t>> spans;  // (pass, first key, end) that an output merges
   for (int sq_i = 0; sq_i < tree.n_sequences(); ++sq_i) {
     const Tree::Sequence& sq = tree.sequence(sq_i);
@@ -527,10 +538,8 @@ inline void verify_schedule(const Tree& tree, const Schedule& s) {
           const Schedule::Pass& ps = s.passes[size_t(it.pass)];
           const int64_t n = it.e1 - it.e0, e = it.e0 + (slot - it.slot) % n;
           const int kvh = it.kvh + int((slot - it.slot) / n % it.heads);
-          int64_t b0 = 0, b1 = 0;
-          s.item_states(it, [&, want = (slot - it.slot) / n / it.heads](int64_t k, int64_t a, int64_t b) {
-            if (k == want) std::tie(b0, b1) = std::pair(a, b);
-          });
+          const int64_t state = (slot - it.slot) / n / it.heads;  // < it.n_states: the slot is the item's
+          const auto [b0, b1] = state_keys[size_t(state_begin[size_t(slot_item[size_t(slot)])] + state)];
           const Schedule::Row& r = s.rows[size_t(ps.row_begin + e / group)];
           CASCADE_CHECK(r.q_row == row && kvh == qh / group && e % group == qh % group, "schedule: output ", o,
                         " merges the state of another row or head");
