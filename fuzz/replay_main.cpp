@@ -8,10 +8,13 @@
 //       long, inputs made by a few random edits of one of them (bit flips, bytes set, inserted, erased or copied,
 //       the end cut off), from --seed (default: the clock; printed). When a sanitizer ends the process during a
 //       mutated input, that input is written to ./crash-TARGET-SEED first (replay it: fuzz_replay_TARGET FILE).
+//       --timeout SECONDS (default 60): an input that runs longer is a failure, as under libFuzzer: a mutated one
+//       is written to ./timeout-TARGET-SEED, and the process ends with status 3.
 //
 // Prints how many inputs ran; exits 1 when a PATH cannot be read or holds no input, 2 on a bad argument. A crash or
 // a sanitizer's report ends the process as it would under libFuzzer.
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,15 +38,20 @@ extern "C" __attribute__((weak)) void __sanitizer_set_death_callback(void (*call
 namespace {
 
 // The mutated input being run, for the death callback.
-const std::vector<uint8_t>* g_current = nullptr;
+const std::vector<uint8_t>* volatile g_current = nullptr;
 char g_crash_path[512];
+char g_timeout_path[512];
+const char* volatile g_seed_file = nullptr;  // the seed file running, before the mutations start
 
-void write_current() {
-  if (!g_current) return;
-  const int fd = ::open(g_crash_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+// Writes the mutated input being run to `path`, and says so on stderr; only async-signal-safe calls, since
+// the sanitizers' death callback and the timeout's signal handler call it.
+void write_input(const char* path) {
+  const std::vector<uint8_t>* current = g_current;
+  if (!current) return;
+  const int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return;
-  const uint8_t* p = g_current->data();
-  size_t left = g_current->size();
+  const uint8_t* p = current->data();
+  size_t left = current->size();
   while (left > 0) {
     const ssize_t n = ::write(fd, p, left);
     if (n <= 0) break;
@@ -53,8 +61,24 @@ void write_current() {
   ::close(fd);
   static const char note[] = "fuzz replay: the mutated input that ended the process is in ";
   [[maybe_unused]] ssize_t r = ::write(2, note, sizeof note - 1);
-  r = ::write(2, g_crash_path, std::char_traits<char>::length(g_crash_path));
+  r = ::write(2, path, std::char_traits<char>::length(path));
   r = ::write(2, "\n", 1);
+}
+
+void write_current() { write_input(g_crash_path); }
+
+// SIGALRM: the input running has taken longer than --timeout.
+void on_timeout(int) {
+  static const char note[] = "fuzz replay: an input ran longer than --timeout allows (a hang, or work out of all "
+                             "proportion to its size)";
+  [[maybe_unused]] ssize_t r = ::write(2, note, sizeof note - 1);
+  if (const char* f = g_seed_file) {
+    r = ::write(2, ": the seed file ", 16);
+    r = ::write(2, f, std::char_traits<char>::length(f));
+  }
+  r = ::write(2, "\n", 1);
+  write_input(g_timeout_path);
+  ::_exit(3);
 }
 
 bool read_file(const std::filesystem::path& p, std::vector<uint8_t>& out) {
@@ -92,10 +116,15 @@ std::vector<uint8_t> mutate(const std::vector<uint8_t>& in, std::mt19937_64& rng
   return b;
 }
 
-// Runs one input from an exact-size copy (as libFuzzer passes), so a sanitizer sees any read past its last byte.
+unsigned g_timeout_s = 60;
+
+// Runs one input from an exact-size copy (as libFuzzer passes), so a sanitizer sees any read past its last byte,
+// with the --timeout alarm set while it runs.
 void run_one(const std::vector<uint8_t>& bytes) {
   const std::vector<uint8_t> exact(bytes.begin(), bytes.end());
+  ::alarm(g_timeout_s);
   LLVMFuzzerTestOneInput(exact.data(), exact.size());
+  ::alarm(0);
 }
 
 }  // namespace
@@ -108,15 +137,18 @@ int main(int argc, char** argv) {
   std::vector<std::string> paths;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if ((a == "--mutate" || a == "--seed") && i + 1 < argc) {
+    if ((a == "--mutate" || a == "--seed" || a == "--timeout") && i + 1 < argc) {
       char* end = nullptr;
       const std::string v = argv[++i];
+      unsigned long long timeout = g_timeout_s;
       if (a == "--mutate") mutate_s = std::strtod(v.c_str(), &end);
-      else seed = std::strtoull(v.c_str(), &end, 10);
-      if (v.empty() || *end != 0 || mutate_s < 0) {
+      else if (a == "--seed") seed = std::strtoull(v.c_str(), &end, 10);
+      else timeout = std::strtoull(v.c_str(), &end, 10);
+      if (v.empty() || v[0] == '-' || *end != 0 || mutate_s < 0 || timeout == 0 || timeout > 86400) {
         std::fprintf(stderr, "%s: error: bad value for %s: '%s'\n", self.c_str(), a.c_str(), v.c_str());
         return 2;
       }
+      g_timeout_s = unsigned(timeout);
     } else if (a.starts_with("--")) {
       std::fprintf(stderr, "%s: error: unknown or incomplete option %s\n", self.c_str(), a.c_str());
       return 2;
@@ -125,10 +157,14 @@ int main(int argc, char** argv) {
     }
   }
   if (paths.empty()) {
-    std::fprintf(stderr, "usage: %s [--mutate SECONDS] [--seed N] PATH...  (files, or folders of files)\n",
+    std::fprintf(stderr,
+                 "usage: %s [--mutate SECONDS] [--seed N] [--timeout SECONDS] PATH...  (files, or folders of files)\n",
                  self.c_str());
     return 2;
   }
+  struct sigaction on_alarm {};
+  on_alarm.sa_handler = on_timeout;
+  sigaction(SIGALRM, &on_alarm, nullptr);
   if (LLVMFuzzerInitialize) LLVMFuzzerInitialize(&argc, &argv);
   std::vector<fs::path> files;
   for (const std::string& s : paths) {
@@ -161,12 +197,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s: error: cannot read %s\n", self.c_str(), files[i].c_str());
       return 1;
     }
+    g_seed_file = files[i].c_str();
     run_one(inputs[i]);
+    g_seed_file = nullptr;
   }
   std::printf("%s: %zu inputs ran\n", self.c_str(), inputs.size());
   if (mutate_s <= 0) return 0;
 
   std::snprintf(g_crash_path, sizeof g_crash_path, "crash-%s-%llu", self.c_str(), (unsigned long long)seed);
+  std::snprintf(g_timeout_path, sizeof g_timeout_path, "timeout-%s-%llu", self.c_str(), (unsigned long long)seed);
   if (__sanitizer_set_death_callback) __sanitizer_set_death_callback(write_current);
   std::printf("%s: mutating for %g s from --seed %llu\n", self.c_str(), mutate_s, (unsigned long long)seed);
   std::fflush(stdout);

@@ -104,5 +104,5 @@ excluded+="|generate: on the default path a prompt's tokens are the same"
 excluded+='|server_http: openai|server_http: logprobs|server_http: penalties'
 labels=()
 ((all)) || labels=(-L '^(test_attention|test_model|fuzz_replay)$')
-ctest --test-dir build-asan --output-on-failure -j2 "${labels[@]}" -E "^($excluded)" "$@"
+ctest --test-dir build-asan --output-on-failure --timeout 600 -j2 "${labels[@]}" -E "^($excluded)" "$@"
 echo "sanitize: passed in $((SECONDS - start)) s"

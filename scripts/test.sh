@@ -20,4 +20,4 @@ cmake --build build -j2
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$PWD/build/python" >"$site/cascade-build.pth"
 env -u PYTHONPATH "$venv/bin/python" -c 'import cascade' || { echo "build/venv cannot import cascade" >&2; exit 1; }
-ctest --test-dir build --output-on-failure -j2 "$@"
+ctest --test-dir build --output-on-failure --timeout 900 -j2 "$@"
