@@ -34,6 +34,7 @@
 #include "int8_peak.hpp"
 #include "machine.hpp"
 #include "model/linear.hpp"
+#include "model/linear_kernels.hpp"  // detail::set_tiles, for avx512-vnni-vectors
 #include "model/quant.hpp"
 
 namespace {
@@ -52,8 +53,9 @@ void usage() {
       "  --shape LIST      smollm2-135m (default), llama3.2-1b, llama3-8b, gemma3-270m\n"
       "  --rows LIST       rows of X, i.e. tokens of a step (default 1,8,32,128,512)\n"
       "  --type LIST       weight types: q4_0, q4_1, q8_0, q4_K, q5_K, q6_K, f16, bf16, f32 (default q4_1,q8_0)\n"
-      "  --path LIST       active (the default path), portable, avx2, avx-vnni, avx512-vnni, f32 (weights\n"
-      "                    dequantized tile by tile, f32 activations) (default active,f32)\n"
+      "  --path LIST       active (the default path), portable, avx2, avx-vnni, avx512-vnni, avx512-vnni-vectors\n"
+      "                    (avx512-vnni with AMX tiles off), f32 (weights dequantized tile by tile, f32\n"
+      "                    activations) (default active,f32)\n"
       "  --matrices LIST   q, k, v, o, gate, up, down, lm_head, layers (default all of them)\n"
       "  --layers N        layers in the 'layers' rows (default: the model's, at most 4 for llama3.2-1b, 1 for\n"
       "                    llama3-8b)\n"
@@ -169,7 +171,13 @@ linear::Path path_of(const std::string& path) {
   return path == "portable"   ? linear::Path::portable
          : path == "avx2"     ? linear::Path::avx2
          : path == "avx-vnni" ? linear::Path::avx_vnni
-                              : linear::Path::avx512_vnni;
+                              : linear::Path::avx512_vnni;  // avx512-vnni and avx512-vnni-vectors
+}
+
+// The avx512-vnni-vectors path is avx512-vnni with rows of X kept off AMX tiles, whatever their number.
+void set_tiles_for(const std::string& path) {
+  if (path == "avx512-vnni-vectors") linear::detail::set_tiles(linear::detail::Tiles::vectors);
+  else linear::detail::reset_tiles();
 }
 
 // One call: Y = X W^T on `path` ("f32" for the f32 path).
@@ -245,7 +253,8 @@ std::vector<TensorType> check_args(Args& a) {
   for (const auto& s : a.types) types.push_back(parse_type(s));
   for (auto& p : a.paths) {
     if (p == "active") p = linear::path_name(linear::active_path());
-    if (p != "f32" && p != "portable" && p != "avx2" && p != "avx-vnni" && p != "avx512-vnni")
+    if (p != "f32" && p != "portable" && p != "avx2" && p != "avx-vnni" && p != "avx512-vnni" &&
+        p != "avx512-vnni-vectors")
       die("--path: unknown path '" + p + "'");
     if (p != "f32" && p != "portable" && !linear::can_run(path_of(p)))
       die("--path: this CPU cannot run the " + p + " path");
@@ -345,10 +354,10 @@ double time_ms(bench::CacheFlusher& flusher, int reps, F&& f) {
 }
 
 // What multiplied a row's weights: "amx" where rows of X went to AMX tiles, else the path (linear.cpp decides the
-// same way: the avx512-vnni path, a quantized type, at least linear::kAmxRows rows of X).
+// same way: the avx512-vnni path, a type linear::amx_takes, at least linear::kAmxRows rows of X).
 std::string products_of(const std::string& path, TensorType t, int64_t n) {
-  const bool quantized = linear::can_pack(t);
-  return path == "avx512-vnni" && quantized && n >= linear::kAmxRows && linear::amx_int8_usable() ? "amx" : path;
+  return path == "avx512-vnni" && linear::amx_takes(t) && n >= linear::kAmxRows && linear::amx_int8_usable() ? "amx"
+                                                                                                              : path;
 }
 
 // One row per matrix of w.single: each multiplied alone.
@@ -402,9 +411,11 @@ void time_shape(const Shape& shape, const Weights& w, const Args& a, bench::Cach
     b.y3.resize(size_t(n * widest));
     for (auto& v : b.x) v = nd(rng);
     for (const auto& path : a.paths) {
+      set_tiles_for(path);
       time_single(shape, w, path, n, b, a.reps, flusher, out);
       if (!w.layer_w.empty()) time_layers(shape, w, path, n, b, a.reps, flusher, out);
     }
+    linear::detail::reset_tiles();
   }
 }
 

@@ -10,6 +10,11 @@
 // meets the group's scales as linear.hpp's order says, on the same f32 operations as linear_block16.inc. So a row of X gives the same bits on tiles as on
 // vectors. Rows of X past the last whole 16 go to the vector kernel.
 //
+// The products of four groups are issued together, each into its own C tile: a tdpbsud's result is ready tens of
+// cycles after it starts, and one group at a time (load, multiply, store, then the scales) left the tile unit and
+// the vector units waiting on each other. The scales of a group, 16 rows x (convert, multiply, one or two FMAs),
+// are what bounds the driver; the four products of the next groups run beside them.
+//
 // Tiles are per-thread state: each call loads the tile configuration and releases the tiles when it returns. The
 // OS must grant a process the tile data; linear::amx_int8_usable() asks (cascade::amx_usable()) and the tiles
 // are used only where it was granted. AmxEmulated runs the same driver with its products in plain C++, so that
@@ -28,8 +33,8 @@ inline constexpr int64_t kAmxTile = 16;
 
 #if defined(__x86_64__)
 // The tiles of one call, in asm: the compiler's intrinsics need the AMX target options and do not tell it that a
-// tile load reads memory (so it could move the stores that made A or B past it). tmm0 = A (16 rows x G bytes),
-// tmm1 = B (G / 4 rows x 64 bytes), tmm2 = C (16 x 16 int32), palette 1.
+// tile load reads memory (so it could move the stores that made A or B past it). Palette 1; tmm0, tmm1 = A (16
+// rows x G bytes), tmm2, tmm3 = B (G / 4 rows x 64 bytes), tmm4 .. tmm7 = C (16 x 16 int32).
 class AmxTiles {
  public:
   explicit AmxTiles(int G) {
@@ -38,26 +43,43 @@ class AmxTiles {
       uint16_t colsb[16] = {};
       uint8_t rows[16] = {};
     } cfg;
-    cfg.colsb[0] = uint16_t(G), cfg.rows[0] = 16;
-    cfg.colsb[1] = 64, cfg.rows[1] = uint8_t(G / 4);
-    cfg.colsb[2] = 64, cfg.rows[2] = 16;
+    for (int t = 0; t < 2; ++t) cfg.colsb[t] = uint16_t(G), cfg.rows[t] = 16;
+    for (int t = 2; t < 4; ++t) cfg.colsb[t] = 64, cfg.rows[t] = uint8_t(G / 4);
+    for (int t = 4; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
     __asm__ volatile("ldtilecfg\t%0" ::"m"(cfg));
   }
   ~AmxTiles() { __asm__ volatile("tilerelease" ::: "memory"); }
   AmxTiles(const AmxTiles&) = delete;
   AmxTiles& operator=(const AmxTiles&) = delete;
+
+// One group's product: A from %0 + AOFF (rows %1 apart) into tmm<A>, B from %2 + BOFF (rows 64 apart) into
+// tmm<B>, then C = A B in tmm<C> (AT&T lists the operands in reverse: B, A, C). STORE: tmm<C> to %4 + COFF.
+#define CASCADE_AMX_GROUP(A, B, C, AOFF, BOFF)                                                      \
+  "{tileloadd\t" AOFF "(%0,%1,1), %%tmm" A "|tileloadd\t%%tmm" A ", [%0+%1*1+" AOFF "]}\n\t"    \
+  "{tileloadd\t" BOFF "(%2,%3,1), %%tmm" B "|tileloadd\t%%tmm" B ", [%2+%3*1+" BOFF "]}\n\t"    \
+  "tilezero\t%%tmm" C "\n\t"                                                                     \
+  "{tdpbsud\t%%tmm" B ", %%tmm" A ", %%tmm" C "|tdpbsud\t%%tmm" C ", %%tmm" A ", %%tmm" B "}\n\t"
+#define CASCADE_AMX_STORE(C, COFF) \
+  "{tilestored\t%%tmm" C ", " COFF "(%4,%3,1)|tilestored\t[%4+%3*1+" COFF "], %%tmm" C "}\n\t"
+#define CASCADE_AMX_OPERANDS \
+  "r"(a), "r"(a_stride), "r"(b), "r"(int64_t(64)), "r"(c) : "memory"
+
   // c (16 x 16 int32, row m of X at c + 16 m) = a (16 rows of G signed bytes, a_stride apart) times b (G / 4 rows
   // of 64 unsigned bytes).
   void product(const int8_t* a, int64_t a_stride, const uint8_t* b, int32_t* c) const {
-    __asm__ volatile(
-        "{tileloadd\t(%0,%1,1), %%tmm0|tileloadd\t%%tmm0, [%0+%1*1]}\n\t"
-        "{tileloadd\t(%2,%3,1), %%tmm1|tileloadd\t%%tmm1, [%2+%3*1]}\n\t"
-        "tilezero\t%%tmm2\n\t"
-        "{tdpbsud\t%%tmm1, %%tmm0, %%tmm2|tdpbsud\t%%tmm2, %%tmm0, %%tmm1}\n\t"
-        "{tilestored\t%%tmm2, (%4,%3,1)|tilestored\t[%4+%3*1], %%tmm2}" ::"r"(a),
-        "r"(a_stride), "r"(b), "r"(int64_t(64)), "r"(c)
-        : "memory");
+    __asm__ volatile(CASCADE_AMX_GROUP("0", "2", "4", "0", "0") CASCADE_AMX_STORE("4", "0")::CASCADE_AMX_OPERANDS);
   }
+  // Four groups of 32 codes at once, A packed by group (pack_a): group j's A at a + 512 j (a_stride = 32), its
+  // B at b + 512 j, its C at c + 256 j. (Groups of 16 stay on vectors: linear::amx_takes.)
+  void product4(const int8_t* a, int64_t a_stride, const uint8_t* b, int32_t* c) const {
+    __asm__ volatile(CASCADE_AMX_GROUP("0", "2", "4", "0", "0") CASCADE_AMX_GROUP("1", "3", "5", "512", "512")
+                     CASCADE_AMX_GROUP("0", "2", "6", "1024", "1024") CASCADE_AMX_GROUP("1", "3", "7", "1536", "1536")
+                     CASCADE_AMX_STORE("4", "0") CASCADE_AMX_STORE("5", "1024") CASCADE_AMX_STORE("6", "2048")
+                     CASCADE_AMX_STORE("7", "3072")::CASCADE_AMX_OPERANDS);
+  }
+#undef CASCADE_AMX_GROUP
+#undef CASCADE_AMX_STORE
+#undef CASCADE_AMX_OPERANDS
 };
 #endif
 
@@ -73,6 +95,9 @@ class AmxEmulated {
           for (int e = 0; e < 4; ++e) s += int32_t(a[m * a_stride + 4 * kk + e]) * int32_t(b[64 * kk + 4 * n + e]);
         c[16 * m + n] = s;
       }
+  }
+  void product4(const int8_t* a, int64_t a_stride, const uint8_t* b, int32_t* c) const {
+    for (int j = 0; j < 4; ++j) product(a + 16 * j * G_, a_stride, b + 16 * j * G_, c + 256 * j);
   }
 
  private:
@@ -101,35 +126,88 @@ void unpack_b(const uint8_t* wb, int64_t n_in, uint8_t* b) {
   }
 }
 
+// The codes of the 16 rows of X from t0 packed by group into a (n_in / G tiles of 16 rows x G bytes, each
+// contiguous), so that a tile load reads 16 G consecutive bytes: read in place, rows n_in bytes apart, a tile's
+// rows fell in few cache sets and the loads waited on L1's misses.
+template <int G>
+void pack_a(const Int8Form& x, int64_t t0, int8_t* a) {
+  const int64_t K = x.n_in;
+  for (int64_t gg = 0; gg < K / G; ++gg)
+    for (int m = 0; m < 16; ++m) std::memcpy(a + (gg * 16 + m) * G, x.q.data() + (t0 + m) * K + gg * G, G);
+}
+
+// The per-row terms of the 16 rows of X from t0, by group: d[k / 32][m], the scale of row t0 + m's block of 32
+// codes; s[g][m], its sum of values over group g (the types whose offsets stand apart); qs[g][m], its sum of codes
+// over the group times offset_codes (the others). Each group's 16 values lie together, so that the scales' loop
+// broadcasts them from one pointer, not from 16 rows' pointers that the registers cannot all hold.
+struct AmxRowTerms {
+  std::vector<float> d, s;
+  std::vector<int32_t> qs;
+};
+
+template <TensorType T, int G>
+void pack_terms(const Int8Form& x, int64_t t0, AmxRowTerms& r) {
+  const int64_t K = x.n_in, nb = K / 32, ng = K / G;
+  r.d.resize(size_t(nb * 16));
+  for (int m = 0; m < 16; ++m)
+    for (int64_t k = 0; k < nb; ++k) r.d[size_t(k * 16 + m)] = x.d[size_t((t0 + m) * nb + k)];
+  const float* xs = G == 16 ? x.s16.data() : x.s32.data();
+  const int32_t* xqs = G == 16 ? x.qs16.data() : x.qs32.data();
+  if constexpr (offset_codes(T) == 0) {
+    r.s.resize(size_t(ng * 16));
+    for (int m = 0; m < 16; ++m)
+      for (int64_t g = 0; g < ng; ++g) r.s[size_t(g * 16 + m)] = xs[(t0 + m) * ng + g];
+  } else {
+    r.qs.resize(size_t(ng * 16));
+    for (int m = 0; m < 16; ++m)
+      for (int64_t g = 0; g < ng; ++g) r.qs[size_t(g * 16 + m)] = offset_codes(T) * xqs[(t0 + m) * ng + g];
+  }
+}
+
 // out[m * 16 + l] = Y[t0 + m, row l of the block] for the 16 rows of X from t0: the block's scales at wb, its
-// codes unpacked at b, each group's sums from ops.
+// codes unpacked at b, the rows' codes packed at a (pack_a) and their terms in r (pack_terms), each group's sums
+// from ops.
 template <class Ops, TensorType T>
-void amx_tile(const Ops& ops, const uint8_t* wb, const uint8_t* b, const Int8Form& x, int64_t t0, float* out) {
+void amx_tile(const Ops& ops, const uint8_t* wb, const uint8_t* b, const int8_t* a, const AmxRowTerms& r,
+              int64_t K, float* out) {
   using P = Block16<V512, T>;
   constexpr int G = P::G, NG = P::kValues / G;
-  const int64_t K = x.n_in, nb = K / 32, ng = K / G;
-  const int8_t* xq = x.q.data() + t0 * K;
-  const float* xd = x.d.data() + t0 * nb;
-  const float* xs = (G == 16 ? x.s16.data() : x.s32.data()) + t0 * ng;
-  const int32_t* xqs = (G == 16 ? x.qs16.data() : x.qs32.data()) + t0 * ng;
-  alignas(64) int32_t c[16 * 16];
+  static_assert(G == 16 || G == 32);
+  const int64_t ng = K / G;
+  alignas(64) int32_t c[2][4 * 16 * 16];  // four groups' C, twice: the tiles fill one while the other is read
   __m512 acc[kAmxTile];
   for (int m = 0; m < kAmxTile; ++m) acc[m] = _mm512_setzero_ps();
-  for (int64_t blk = 0; blk < K / P::kValues; ++blk) {
-    const P p(wb + blk * 16 * P::kBlockBytes, 0);
-    for (int g = 0; g < NG; ++g) {
-      const int64_t k0 = blk * P::kValues + g * G, gg = blk * NG + g;
-      ops.product(xq + k0, K, b + 16 * k0, c);
-      __m512 scale, offset;
-      p.group(g, scale, offset);
-      for (int m = 0; m < kAmxTile; ++m) {
-        __m512i s = _mm512_load_si512(c + 16 * m);
-        if constexpr (offset_codes(T) != 0) s = _mm512_add_epi32(s, _mm512_set1_epi32(offset_codes(T) * xqs[m * ng + gg]));
-        const __m512 cm = _mm512_mul_ps(scale, _mm512_set1_ps(xd[m * nb + k0 / 32]));
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), cm, acc[m]);
-        if constexpr (offset_codes(T) == 0) acc[m] = _mm512_fmadd_ps(offset, _mm512_set1_ps(xs[m * ng + gg]), acc[m]);
-      }
+  // Group gg's C at c_g meets its scales, in linear.hpp's order, in every row's sum.
+  const auto scales = [&](int64_t gg, const int32_t* c_g) __attribute__((always_inline)) {
+    const P p(wb + gg / NG * 16 * P::kBlockBytes, 0);
+    const int64_t k0 = gg * G;
+    __m512 scale, offset;
+    p.group(int(gg % NG), scale, offset);
+    const float* d = r.d.data() + k0 / 32 * 16;
+    const float* s_g = offset_codes(T) == 0 ? r.s.data() + gg * 16 : nullptr;
+    const int32_t* qs_g = offset_codes(T) != 0 ? r.qs.data() + gg * 16 : nullptr;
+#pragma GCC unroll 16
+    for (int m = 0; m < kAmxTile; ++m) {  // unrolled, so that acc stays in registers
+      __m512i s = _mm512_load_si512(c_g + 16 * m);
+      if constexpr (offset_codes(T) != 0) s = _mm512_add_epi32(s, _mm512_set1_epi32(qs_g[m]));
+      const __m512 cm = _mm512_mul_ps(scale, _mm512_set1_ps(d[m]));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), cm, acc[m]);
+      if constexpr (offset_codes(T) == 0) acc[m] = _mm512_fmadd_ps(offset, _mm512_set1_ps(s_g[m]), acc[m]);
     }
+  };
+  // The scales of four groups are applied after the products of the next four are issued (into the other C):
+  // read right after its tile store, a C was read before the store had landed, and the core started over.
+  const int64_t n4 = ng / 4 * 4;
+  for (int64_t gg = 0; gg < n4; gg += 4) {
+    ops.product4(a + 16 * gg * G, G, b + 16 * gg * G, c[gg / 4 % 2]);
+    if (gg > 0)
+      for (int j = 0; j < 4; ++j) scales(gg - 4 + j, c[(gg / 4 - 1) % 2] + 256 * j);
+  }
+  if (n4 > 0)
+    for (int j = 0; j < 4; ++j) scales(n4 - 4 + j, c[(n4 / 4 - 1) % 2] + 256 * j);
+  for (int64_t gg = n4; gg < ng; ++gg) {
+    ops.product(a + 16 * gg * G, G, b + 16 * gg * G, c[0]);
+    scales(gg, c[0]);
   }
   for (int m = 0; m < kAmxTile; ++m) _mm512_storeu_ps(out + 16 * m, acc[m]);
 }
@@ -140,17 +218,27 @@ template <class Ops, TensorType T, int NT>
 void rows_amx(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, int64_t t0, int64_t t1, float* y) {
   const int64_t ta = t0 + (t1 - t0) / kAmxTile * kAmxTile;
   if (ta > t0) {
-    const Ops ops(Block16<V512, T>::G);
+    constexpr int G = Block16<V512, T>::G;
+    const Ops ops(G);
     thread_local std::vector<uint8_t> scratch, b;
+    thread_local std::vector<int8_t> a;
+    thread_local std::vector<AmxRowTerms> terms;
+    if (terms.size() < size_t((ta - t0) / kAmxTile)) terms.resize(size_t((ta - t0) / kAmxTile));
     if (scratch.size() < 16 * w.row_bytes) scratch.resize(16 * w.row_bytes);
     if (b.size() < size_t(16 * w.n_in)) b.resize(size_t(16 * w.n_in));
+    if (a.size() < size_t((ta - t0) * w.n_in)) a.resize(size_t((ta - t0) * w.n_in));
+    for (int64_t t = t0; t < ta; t += kAmxTile) {
+      pack_a<G>(x, t, a.data() + (t - t0) * w.n_in);
+      pack_terms<T, G>(x, t, terms[size_t((t - t0) / kAmxTile)]);
+    }
     alignas(64) float out[kAmxTile * 16];
     for (int64_t i = i0; i < i1; i += 16) {
       const uint8_t* wb = block_at(w, i, scratch.data());
       unpack_b<T>(wb, w.n_in, b.data());
       const int n_rows = int(std::min<int64_t>(16, w.n_out - i));
       for (int64_t t = t0; t < ta; t += kAmxTile) {
-        amx_tile<Ops, T>(ops, wb, b.data(), x, t, out);
+        amx_tile<Ops, T>(ops, wb, b.data(), a.data() + (t - t0) * w.n_in, terms[size_t((t - t0) / kAmxTile)],
+                         w.n_in, out);
         for (int m = 0; m < kAmxTile; ++m)
           std::memcpy(y + (t + m) * w.n_out + i, out + 16 * m, size_t(n_rows) * sizeof(float));
       }
