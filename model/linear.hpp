@@ -107,7 +107,7 @@ inline constexpr int64_t kAmxRows = 32;
 bool amx_int8_usable();
 // Whether AMX tiles take a quantized type's products (where they are usable): the types whose scales cover 32
 // codes. q6_K's groups of 16 halve what a tile multiplies per load, store and scale, and ran 4-7% slower on tiles
-// than on vectors (llama3.2-1b shapes, 128 and 512 rows, a Sapphire Rapids-class Xeon, 2 cores).
+// than on vectors (llama3.2-1b shapes, 128 and 512 rows, 2 cores of a Xeon with AMX; docs/study.md §28).
 bool amx_takes(gguf::TensorType t);
 
 namespace detail {

@@ -3,17 +3,19 @@
 // unsigned ones into 16 x 16 int32 sums, 16,384 multiply-adds per instruction.
 //
 // Per block of 16 weight rows, the codes are unpacked once into B (n_in / 4 rows of 64 bytes: row k / 4 holds
-// codes k .. k + 3 of the 16 weight rows, row j in bytes 4j .. 4j + 3), the layout a B tile takes. Then per 16
-// rows of X and per group g of K: C = A_g B_g (A_g: the 16 rows' G codes of the group, read from the activations
-// in place), one integer sum per row of X and weight row, exactly what the vector kernel's lanes hold; C goes to
-// a 1 KB buffer in L1, and row m of it (16 weight rows in the lanes; the folded offset added, offset_codes)
-// meets the group's scales as linear.hpp's order says, on the same f32 operations as linear_block16.inc. So a row of X gives the same bits on tiles as on
+// codes k .. k + 3 of the 16 weight rows, row j in bytes 4j .. 4j + 3), the layout a B tile takes. The codes of
+// each 16 rows of X are packed by group (pack_a: A_g, the 16 rows' G codes of group g, contiguous), and their
+// per-row terms beside them (pack_terms). Then per 16 rows of X and per group g: C = A_g B_g, one integer sum per
+// row of X and weight row, exactly what the vector kernel's lanes hold; C goes to a buffer in L1, and row m of it
+// (16 weight rows in the lanes; the folded offset added, offset_codes) meets the group's scales as linear.hpp's
+// order says, on the same f32 operations as linear_block16.inc. So a row of X gives the same bits on tiles as on
 // vectors. Rows of X past the last whole 16 go to the vector kernel.
 //
-// The products of four groups are issued together, each into its own C tile: a tdpbsud's result is ready tens of
-// cycles after it starts, and one group at a time (load, multiply, store, then the scales) left the tile unit and
-// the vector units waiting on each other. The scales of a group, 16 rows x (convert, multiply, one or two FMAs),
-// are what bounds the driver; the four products of the next groups run beside them.
+// Four groups' products are issued together, into four C tiles, and their scales are applied while the next four
+// multiply (C double-buffered). On 2 cores of a Xeon with AMX (docs/study.md section 28) this runs 1.1-1.2x the
+// vector kernel at 128 and 512 rows of X: the tile loads and stores and the scales' vector work (16 rows x a
+// convert, a multiply and one or two FMAs per group) still take turns more than they overlap, far below the tiles'
+// peak. Groups of 16 codes (q6_K) stay on vectors (linear::amx_takes).
 //
 // Tiles are per-thread state: each call loads the tile configuration and releases the tiles when it returns. The
 // OS must grant a process the tile data; linear::amx_int8_usable() asks (cascade::amx_usable()) and the tiles
