@@ -11,11 +11,11 @@
 // order says, on the same f32 operations as linear_block16.inc. So a row of X gives the same bits on tiles as on
 // vectors. Rows of X past the last whole 16 go to the vector kernel.
 //
-// Four groups' products are issued together, into four C tiles, and their scales are applied while the next four
-// multiply (C double-buffered). On 2 cores of a Xeon with AMX (docs/study.md section 28) this runs 1.1-1.2x the
-// vector kernel at 128 and 512 rows of X: the tile loads and stores and the scales' vector work (16 rows x a
-// convert, a multiply and one or two FMAs per group) still take turns more than they overlap, far below the tiles'
-// peak. Groups of 16 codes (q6_K) stay on vectors (linear::amx_takes).
+// Each group's product is issued three groups ahead of its scales, on one of four tile sets, so that the tile unit
+// works while the vector units apply earlier groups' scales. On 2 cores of a Xeon with AMX (docs/study.md section
+// 28) this runs 1.1-1.4x the vector kernel from 64 rows of X on, about 670 GOP/s: the tile loads and stores and
+// the scales' vector work (16 rows x a convert, a multiply and one or two FMAs per group) still take turns more
+// than they overlap, far below the tiles' peak. Groups of 16 codes (q6_K) stay on vectors (linear::amx_takes).
 //
 // Tiles are per-thread state: each call loads the tile configuration and releases the tiles when it returns. The
 // OS must grant a process the tile data; linear::amx_int8_usable() asks (cascade::amx_usable()) and the tiles
@@ -71,13 +71,23 @@ class AmxTiles {
   void product(const int8_t* a, int64_t a_stride, const uint8_t* b, int32_t* c) const {
     __asm__ volatile(CASCADE_AMX_GROUP("0", "2", "4", "0", "0") CASCADE_AMX_STORE("4", "0")::CASCADE_AMX_OPERANDS);
   }
-  // Four groups of 32 codes at once, A packed by group (pack_a): group j's A at a + 512 j (a_stride = 32), its
-  // B at b + 512 j, its C at c + 256 j. (Groups of 16 stay on vectors: linear::amx_takes.)
-  void product4(const int8_t* a, int64_t a_stride, const uint8_t* b, int32_t* c) const {
-    __asm__ volatile(CASCADE_AMX_GROUP("0", "2", "4", "0", "0") CASCADE_AMX_GROUP("1", "3", "5", "512", "512")
-                     CASCADE_AMX_GROUP("0", "2", "6", "1024", "1024") CASCADE_AMX_GROUP("1", "3", "7", "1536", "1536")
-                     CASCADE_AMX_STORE("4", "0") CASCADE_AMX_STORE("5", "1024") CASCADE_AMX_STORE("6", "2048")
-                     CASCADE_AMX_STORE("7", "3072")::CASCADE_AMX_OPERANDS);
+  // The same on tile set k (0..3): A in tmm(k % 2), B in tmm(2 + k % 2), C in tmm(4 + k), so that the products
+  // of consecutive groups (k = g % 4) need not wait for each other's tiles.
+  void product_on(int k, const int8_t* a, int64_t a_stride, const uint8_t* b, int32_t* c) const {
+    switch (k) {
+      case 0:
+        __asm__ volatile(CASCADE_AMX_GROUP("0", "2", "4", "0", "0") CASCADE_AMX_STORE("4", "0")::CASCADE_AMX_OPERANDS);
+        break;
+      case 1:
+        __asm__ volatile(CASCADE_AMX_GROUP("1", "3", "5", "0", "0") CASCADE_AMX_STORE("5", "0")::CASCADE_AMX_OPERANDS);
+        break;
+      case 2:
+        __asm__ volatile(CASCADE_AMX_GROUP("0", "2", "6", "0", "0") CASCADE_AMX_STORE("6", "0")::CASCADE_AMX_OPERANDS);
+        break;
+      default:
+        __asm__ volatile(CASCADE_AMX_GROUP("1", "3", "7", "0", "0") CASCADE_AMX_STORE("7", "0")::CASCADE_AMX_OPERANDS);
+        break;
+    }
   }
 #undef CASCADE_AMX_GROUP
 #undef CASCADE_AMX_STORE
@@ -98,8 +108,8 @@ class AmxEmulated {
         c[16 * m + n] = s;
       }
   }
-  void product4(const int8_t* a, int64_t a_stride, const uint8_t* b, int32_t* c) const {
-    for (int j = 0; j < 4; ++j) product(a + 16 * j * G_, a_stride, b + 16 * j * G_, c + 256 * j);
+  void product_on(int, const int8_t* a, int64_t a_stride, const uint8_t* b, int32_t* c) const {
+    product(a, a_stride, b, c);
   }
 
  private:
@@ -176,7 +186,7 @@ void amx_tile(const Ops& ops, const uint8_t* wb, const uint8_t* b, const int8_t*
   constexpr int G = P::G, NG = P::kValues / G;
   static_assert(G == 16 || G == 32);
   const int64_t ng = K / G;
-  alignas(64) int32_t c[2][4 * 16 * 16];  // four groups' C, twice: the tiles fill one while the other is read
+  alignas(64) int32_t c[8][16 * 16];  // the C of group g in c[g % 8]
   __m512 acc[kAmxTile];
   for (int m = 0; m < kAmxTile; ++m) acc[m] = _mm512_setzero_ps();
   // Group gg's C at c_g meets its scales, in linear.hpp's order, in every row's sum.
@@ -197,19 +207,17 @@ void amx_tile(const Ops& ops, const uint8_t* wb, const uint8_t* b, const int8_t*
       if constexpr (offset_codes(T) == 0) acc[m] = _mm512_fmadd_ps(offset, _mm512_set1_ps(s_g[m]), acc[m]);
     }
   };
-  // The scales of four groups are applied after the products of the next four are issued (into the other C):
-  // read right after its tile store, a C was read before the store had landed, and the core started over.
-  const int64_t n4 = ng / 4 * 4;
-  for (int64_t gg = 0; gg < n4; gg += 4) {
-    ops.product4(a + 16 * gg * G, G, b + 16 * gg * G, c[gg / 4 % 2]);
-    if (gg > 0)
-      for (int j = 0; j < 4; ++j) scales(gg - 4 + j, c[(gg / 4 - 1) % 2] + 256 * j);
-  }
-  if (n4 > 0)
-    for (int j = 0; j < 4; ++j) scales(n4 - 4 + j, c[(n4 / 4 - 1) % 2] + 256 * j);
-  for (int64_t gg = n4; gg < ng; ++gg) {
-    ops.product(a + 16 * gg * G, G, b + 16 * gg * G, c[0]);
-    scales(gg, c[0]);
+  // Group g's product is issued L groups ahead of its scales, on the tiles of g % 4: the tile unit works ahead
+  // while the vector units apply earlier groups' scales, and a C is read long after its tile store landed (read
+  // right after it, it was read before the store had landed, and the core started over). L = 3 against 4 groups
+  // issued together: 1,231 rows of the 1B-shaped prefill 5.31 s -> 4.90 s, alternated 3 times (L = 2 and 5: within
+  // the noise of 3).
+  constexpr int64_t L = 3;
+  const auto product = [&](int64_t g) { ops.product_on(int(g % 4), a + 16 * g * G, G, b + 16 * g * G, c[g % 8]); };
+  for (int64_t g = 0; g < std::min(L, ng); ++g) product(g);
+  for (int64_t g = 0; g < ng; ++g) {
+    if (g + L < ng) product(g + L);
+    scales(g, c[g % 8]);
   }
   for (int m = 0; m < kAmxTile; ++m) _mm512_storeu_ps(out + 16 * m, acc[m]);
 }
