@@ -174,7 +174,7 @@ TEST_CASE("linear: rows of X on AMX tiles (or their products in plain C++) again
                            TensorType::Q6_K}) {
         CAPTURE(gguf::type_name(t));
         CAPTURE(int(tiles));
-        // groups of 32 codes: 16 (four issued at once, four times) or 5 (four, then one alone)
+        // groups of 32 codes: 16, or 5 (each of the four tile sets, the first one twice)
         const int64_t n_in = gguf::block_size(t) == 256 ? 512 : 160;
         // 16 and 32 rows of X: whole tiles; 21: a tile and 5 rows on vectors; 40 rows of Y: two blocks and a tail
         for (int64_t n : {16, 21, 32})
