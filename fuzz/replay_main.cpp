@@ -65,7 +65,11 @@ void write_input(const char* path) {
   r = ::write(2, "\n", 1);
 }
 
-void write_current() { write_input(g_crash_path); }
+// The sanitizers' death callback: the timeout's alarm is cancelled first, so that it cannot cut the report short.
+void write_current() {
+  ::alarm(0);
+  write_input(g_crash_path);
+}
 
 // SIGALRM: the input running has taken longer than --timeout.
 void on_timeout(int) {
