@@ -161,7 +161,7 @@ std::string products_name(Path path) {
   return name;
 }
 
-bool amx_takes(TensorType t) { return can_pack(t) && t != TensorType::Q6_K; }
+bool amx_takes(TensorType t) { return can_pack(t); }
 
 bool amx_int8_usable() {
   static const bool usable = [] {

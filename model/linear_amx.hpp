@@ -15,7 +15,7 @@
 // works while the vector units apply earlier groups' scales. On 2 cores of a Xeon with AMX (docs/study.md section
 // 28) this runs 1.1-1.4x the vector kernel from 64 rows of X on, about 670 GOP/s: the tile loads and stores and
 // the scales' vector work (16 rows x a convert, a multiply and one or two FMAs per group) still take turns more
-// than they overlap, far below the tiles' peak. Groups of 16 codes (q6_K) stay on vectors (linear::amx_takes).
+// than they overlap, far below the tiles' peak.
 //
 // Tiles are per-thread state: each call loads the tile configuration and releases the tiles when it returns. The
 // OS must grant a process the tile data; linear::amx_int8_usable() asks (cascade::amx_usable()) and the tiles

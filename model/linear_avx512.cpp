@@ -36,8 +36,7 @@ template <TensorType T>
 void rows_int8(const Matrix& w, const Int8Form& x, int64_t i0, int64_t i1, int64_t t0, int64_t t1, float* y,
                Tiles tiles) {
 #if defined(__x86_64__)
-  if constexpr (Block16<V512, T>::G == 32)  // linear::amx_takes
-    if (tiles == Tiles::amx) return rows_amx<AmxTiles, T, kTileRows>(w, x, i0, i1, t0, t1, y);
+  if (tiles == Tiles::amx) return rows_amx<AmxTiles, T, kTileRows>(w, x, i0, i1, t0, t1, y);
 #endif
   if (tiles == Tiles::amx_emulated) return rows_amx<AmxEmulated, T, kTileRows>(w, x, i0, i1, t0, t1, y);
   rows_block16<V512, Dot, T, false, kTileRows>(w, x, i0, i1, t0, t1, y);
