@@ -354,10 +354,10 @@ double time_ms(bench::CacheFlusher& flusher, int reps, F&& f) {
 }
 
 // What multiplied a row's weights: "amx" where rows of X went to AMX tiles, else the path (linear.cpp decides the
-// same way: the avx512-vnni path, a type linear::amx_takes, at least linear::kAmxRows rows of X).
+// same way: the avx512-vnni path, a quantized type, at least linear::kAmxRows rows of X).
 std::string products_of(const std::string& path, TensorType t, int64_t n) {
-  return path == "avx512-vnni" && linear::amx_takes(t) && n >= linear::kAmxRows && linear::amx_int8_usable() ? "amx"
-                                                                                                              : path;
+  const bool quantized = linear::can_pack(t);
+  return path == "avx512-vnni" && quantized && n >= linear::kAmxRows && linear::amx_int8_usable() ? "amx" : path;
 }
 
 // One row per matrix of w.single: each multiplied alone.

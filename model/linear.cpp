@@ -161,8 +161,6 @@ std::string products_name(Path path) {
   return name;
 }
 
-bool amx_takes(TensorType t) { return can_pack(t); }
-
 bool amx_int8_usable() {
   static const bool usable = [] {
 #if CASCADE_X86
@@ -300,9 +298,7 @@ void matmul_group(std::initializer_list<Product> products, const Input& x, Path 
   // of them, or 4 MiB where a product goes to AMX tiles, whose driver unpacks each block of W into B tiles once per
   // block of X and reads X's codes packed by group, contiguous, ahead of the prefetchers (1,231 rows of a
   // llama3.2-1b prefill, 2 cores of a Xeon with AMX: 1 MiB blocks 6.1 s, 4 MiB 5.6 s, 16 MiB 5.6 s; study §28).
-  bool on_tiles = false;
-  for (const Product& p : products) on_tiles |= tiles != detail::Tiles::vectors && amx_takes(p.w->type);
-  const int64_t x_bytes = int64_t(on_tiles ? 4096 : 256) << 10;
+  const int64_t x_bytes = int64_t(any_int8 && tiles != detail::Tiles::vectors ? 4096 : 256) << 10;
   const int64_t n = x.n(), block = std::max<int64_t>(16, x_bytes / x.n_in() / 16 * 16);
   for (int64_t t0 = 0; t0 < n; t0 += block) {
     const int64_t t1 = std::min(n, t0 + block);

@@ -105,11 +105,6 @@ inline constexpr int64_t kAmxRows = 32;
 // Whether this process may run AMX int8 tiles: cascade::amx_usable() (the OS granted the tiles) and CPUID's
 // AMX-INT8. Asked once.
 bool amx_int8_usable();
-// Whether AMX tiles take a type's products (where they are usable): every quantized type the rows16 layout packs.
-// q6_K's groups of 16 halve what a tile multiplies per load, store and scale; with the products issued ahead of
-// their scales they still run 1.04-1.13x the vectors (llama3.2-1b shapes, 128 and 512 rows, 2 cores of a Xeon
-// with AMX; docs/study.md §28).
-bool amx_takes(gguf::TensorType t);
 
 namespace detail {
 struct Forms;  // the quantized forms an Input holds (linear_kernels.hpp)

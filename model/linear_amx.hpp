@@ -67,12 +67,8 @@ class AmxTiles {
   "r"(a), "r"(a_stride), "r"(b), "r"(int64_t(64)), "r"(c) : "memory"
 
   // c (16 x 16 int32, row m of X at c + 16 m) = a (16 rows of G signed bytes, a_stride apart) times b (G / 4 rows
-  // of 64 unsigned bytes).
-  void product(const int8_t* a, int64_t a_stride, const uint8_t* b, int32_t* c) const {
-    __asm__ volatile(CASCADE_AMX_GROUP("0", "2", "4", "0", "0") CASCADE_AMX_STORE("4", "0")::CASCADE_AMX_OPERANDS);
-  }
-  // The same on tile set k (0..3): A in tmm(k % 2), B in tmm(2 + k % 2), C in tmm(4 + k), so that the products
-  // of consecutive groups (k = g % 4) need not wait for each other's tiles.
+  // of 64 unsigned bytes), on tile set k (0..3): A in tmm(k % 2), B in tmm(2 + k % 2), C in tmm(4 + k), so that
+  // the products of consecutive groups (k = g % 4) need not wait for each other's tiles.
   void product_on(int k, const int8_t* a, int64_t a_stride, const uint8_t* b, int32_t* c) const {
     switch (k) {
       case 0:
@@ -99,7 +95,7 @@ class AmxTiles {
 class AmxEmulated {
  public:
   explicit AmxEmulated(int G) : G_(G) {}
-  void product(const int8_t* a, int64_t a_stride, const uint8_t* b, int32_t* c) const {
+  void product_on(int, const int8_t* a, int64_t a_stride, const uint8_t* b, int32_t* c) const {
     for (int m = 0; m < 16; ++m)
       for (int n = 0; n < 16; ++n) {
         int32_t s = 0;
@@ -107,9 +103,6 @@ class AmxEmulated {
           for (int e = 0; e < 4; ++e) s += int32_t(a[m * a_stride + 4 * kk + e]) * int32_t(b[64 * kk + 4 * n + e]);
         c[16 * m + n] = s;
       }
-  }
-  void product_on(int, const int8_t* a, int64_t a_stride, const uint8_t* b, int32_t* c) const {
-    product(a, a_stride, b, c);
   }
 
  private:
