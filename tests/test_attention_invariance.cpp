@@ -24,10 +24,10 @@ namespace {
 
 constexpr double kAtol = 5e-6, kRtol = 5e-5;  // test_attention.cpp's bound
 
-// The tiers whose f32 kernels are batch-invariant on this CPU.
+// The tiers whose f32 kernels are batch-invariant on this CPU: all of them.
 std::vector<Isa> invariant_tiers() {
   std::vector<Isa> t;
-  for (Isa isa : {Isa::avx2, Isa::avx512})
+  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512})
     if (isa <= detected_isa()) t.push_back(isa);
   return t;
 }
@@ -286,7 +286,8 @@ int64_t edge_window(Rng& rng, int64_t n_keys) {
 }
 
 // One sequence at a time, its bits alone against those beside 1..40 others, under random segmentations (some cut
-// where its rows' windows start, with a window), thread counts and methods; alone, within tolerance of the reference.
+// where its rows' windows start, with a window), thread counts and methods, on a random tier; alone, within
+// tolerance of the reference.
 void sequence_sweep(bool windowed) {
   const uint64_t seed = test::fresh_seed();
   INFO("seed " << seed);
@@ -301,12 +302,15 @@ void sequence_sweep(bool windowed) {
     ko.bf16_products = 0;
     ko.int8_products = 0;
     ko.amx_tiles = false;
+    const std::vector<Isa> tiers = invariant_tiers();
+    ko.isa_limit = rng.pick(tiers);
     const int64_t n_keys = rng.uniform_int(1, windowed ? 2400 : 1400), n_query = rng.pick<int64_t>({1, 1, 2, 5, 12});
     const int64_t window = windowed ? edge_window(rng, n_keys) : 0;
     Keys keys{test::make_segment(rng, dt, n_keys, shape.n_kv_heads, shape.head_dim, false)};
     std::vector<float> q(size_t(n_query * shape.n_q_heads * shape.head_dim));
     for (float& x : q) x = rng.uniform(-1, 1);
     CAPTURE(it);
+    CAPTURE(std::string(isa_name(ko.isa_limit)));
     CAPTURE(std::string(dtype_name(dt)));
     CAPTURE(shape.head_dim);
     CAPTURE(n_keys);

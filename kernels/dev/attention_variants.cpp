@@ -14,11 +14,11 @@
 // Variants (production kernels are 1-7, 18-20; the rest are register-blocking alternatives of the same templates,
 // kept to show why production picks what it picks). With q8_0 K/V, q is put on the q8_0 grid (which variant 20
 // quantizes exactly), and variants 2, 3, 6 and 7 multiply codes times scales in f32:
-//   1  portable tiled (Eigen products), one head at a time
+//   1  portable tiled: the AVX2 tier's drivers on 8 plain floats, one head at a time
 //   2  AVX2 tiled: 8 rows x 8 keys in registers
 //   3  AVX-512 tiled, f32 products: 16 rows x 16 keys in registers
 //   4  AVX-512 tiled, bf16 products (bf16 K/V, AVX512_BF16) on vdpbf16ps: 16 rows x 16 keys
-//   5  portable few-rows (Eigen, head by head)
+//   5  portable few-rows: all heads of a token range, on 8 plain floats
 //   6  AVX2 few-rows: all heads of a token range, lanes along the head dim
 //   7  AVX-512 few-rows
 //   8  AVX-512 tiled, f32 products: 32 rows x 8 keys
@@ -194,11 +194,11 @@ std::vector<Variant> variants(const Problem& p) {
   const bool avx2 = detected_isa() >= Isa::avx2, avx512 = detected_isa() >= Isa::avx512;
   const bool bf16 = avx512 && cpu_features().avx512_bf16 && p.dtype == DType::bf16 && p.dim % 2 == 0;
   std::vector<Variant> v;
-  v.push_back({"portable tiled (Eigen)", production(Isa::portable, false, false)});
+  v.push_back({"portable tiled 8x8", production(Isa::portable, false, false)});
   v.push_back({"AVX2 tiled 8x8", production(Isa::avx2, false, false), false, avx2});
   v.push_back({"AVX-512 tiled 16x16, f32 products", production(Isa::avx512, false, false), false, avx512});
   v.push_back({"AVX-512 tiled 16x16, bf16 products on vdpbf16ps", production(Isa::avx512, false, true), true, bf16});
-  v.push_back({"portable few-rows (Eigen)", production(Isa::portable, true, false)});
+  v.push_back({"portable few-rows", production(Isa::portable, true, false), false, p.dim % 8 == 0});
   v.push_back({"AVX2 few-rows", production(Isa::avx2, true, false), false, avx2 && p.dim % 8 == 0});
   v.push_back({"AVX-512 few-rows", production(Isa::avx512, true, false), false, avx512 && p.dim % 16 == 0});
 #if CASCADE_X86

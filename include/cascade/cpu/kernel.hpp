@@ -8,8 +8,8 @@
 //   shapes     tiled: many rows per KV head, one head per call: lanes hold query rows, S stays in registers;
 //              few-rows: up to kFewRows rows per KV head, all KV heads of a token range in one call, so K and V
 //              stream from memory once and in order: lanes run along the head dim.
-//   tiers      AVX-512 (kernel_avx512.hpp), AVX2 + FMA + F16C (kernel_avx2.hpp), and a portable path on Eigen
-//              (kernel_portable.hpp, every shape head by head). All are compiled into every build.
+//   tiers      AVX-512 (kernel_avx512.hpp), AVX2 + FMA + F16C (kernel_avx2.hpp), and the portable tier: the same
+//              drivers on 8 plain floats (kernel_portable.hpp). All are compiled into every build.
 //   products   f32 multiply-adds on K/V converted to f32 (kernel_products_f32.inc, every tier); bf16 K/V on
 //              vdpbf16ps (kernel_bf16.hpp) where the CPU has AVX512_BF16 and runs them faster than its f32 FMAs;
 //              the tiled kernel's bf16 products on AMX tiles (kernel_amx.hpp) where the CPU has them and the OS
@@ -212,7 +212,7 @@ inline KernelChoice choose_kernel_products(KernelShape shape, DType dt, int head
 // products on the AVX2 and AVX-512 tiers).
 inline KernelChoice choose_kernel(KernelShape shape, DType dt, int head_dim, const KernelOptions& o) {
   KernelChoice c = choose_kernel_products(shape, dt, head_dim, o);
-  c.batch_invariant = o.batch_invariant && c.products == Products::f32 && c.tier != Isa::portable;
+  c.batch_invariant = o.batch_invariant && c.products == Products::f32;
   return c;
 }
 
@@ -247,9 +247,9 @@ inline bool kernel_runs_here(const KernelChoice& c, DType dt, int head_dim) {
 
 // Whether a pass with rows_per_head stacked rows per KV head may run on the few-rows kernel on this CPU under o:
 // it needs a head dim that is a multiple of a vector width (an AVX-512 CPU runs the AVX2 one for head dims like 72
-// or 200). The portable tier runs every pass head by head, so it takes none.
-inline int64_t few_rows_limit(int head_dim, const KernelOptions& o) {
-  return std::min(detected_isa(), o.isa_limit) != Isa::portable && head_dim % 8 == 0 ? kFewRows : 0;
+// or 200), and so does the portable tier's 8-lane one.
+inline int64_t few_rows_limit(int head_dim, const KernelOptions&) {
+  return head_dim % 8 == 0 ? kFewRows : 0;
 }
 
 }  // namespace cascade::cpu
@@ -341,31 +341,14 @@ CASCADE_TARGET_END
 
 CASCADE_TARGET_AVX2_BEGIN
 namespace cascade::cpu::avx2 {
-
-// As avx512::attend, on the AVX2 tier (f32 products only).
-template <class Mask>
-void attend(const KernelChoice& k, const float* q, int64_t n_rows, int n_heads, const KvView& kv, int kvh,
-            int64_t t0, int64_t t1, const Mask& mask, float scale, float* o, float* lse, Scratch& sc) {
-  const int64_t d = kv.head_dim;
-  dispatch_dtype(kv.dtype, [&]<class T>() {
-    if (k.shape == KernelShape::few_rows)
-      return cpu::detail::with_head_dim<8>(d, [&]<int NV>() {
-        if (k.batch_invariant)
-          few_attend_exact<T, NV, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
-        else
-          few_attend<T, NV, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
-      });
-    for (int h = 0; h < n_heads; ++h)
-      cpu::detail::with_head_dim<1>(d, [&]<int D>() {
-        tile_attend<T, D, kTileRV, kTileNK, Mask>(q + h * n_rows * d, n_rows, kv, kvh + h, t0, t1, mask, scale,
-                                                  o + h * n_rows * d, lse + h * n_rows, sc);
-      });
-  });
-}
-
+#include "cascade/cpu/kernel_attend_f32.inc"
 }  // namespace cascade::cpu::avx2
 CASCADE_TARGET_END
 #endif  // CASCADE_X86
+
+namespace cascade::cpu::portable {
+#include "cascade/cpu/kernel_attend_f32.inc"
+}  // namespace cascade::cpu::portable
 
 namespace cascade::cpu {
 
@@ -376,7 +359,7 @@ namespace cascade::cpu {
 template <class Mask>
 void run_kernel(const KernelChoice& k, const float* q, int64_t n_rows, int n_heads, const KvView& kv, int kvh,
                 int64_t t0, int64_t t1, const Mask& mask, float scale, float* o, float* lse, Scratch& sc) {
-  CASCADE_CHECK(k.shape != KernelShape::few_rows || k.tier == Isa::portable || n_rows <= kFewRows,
+  CASCADE_CHECK(k.shape != KernelShape::few_rows || n_rows <= kFewRows,
                 "kernel: ", n_rows, " rows per KV head on the few-rows kernel (at most ", kFewRows, ")");
 #if CASCADE_X86
   switch (k.tier) {
@@ -385,22 +368,14 @@ void run_kernel(const KernelChoice& k, const float* q, int64_t n_rows, int n_hea
     case Isa::portable: break;
   }
 #endif
-  dispatch_dtype(kv.dtype, [&]<class T>() {
-    portable::attend_heads<T, Mask>(q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
-  });
+  portable::attend(k, q, n_rows, n_heads, kv, kvh, t0, t1, mask, scale, o, lse, sc);
 }
 
 #if defined(CASCADE_EXTERN_KERNELS)
 // Compiled once, one unit per tier, in kernels/.
 #define CASCADE_CPU_KERNEL_EXTERN(M)                                                                              \
-  extern template void portable::attend_heads<float, M>(const float*, int64_t, int, const KvView&, int, int64_t,  \
-                                                        int64_t, const M&, float, float*, float*, Scratch&);       \
-  extern template void portable::attend_heads<f16, M>(const float*, int64_t, int, const KvView&, int, int64_t,    \
-                                                      int64_t, const M&, float, float*, float*, Scratch&);         \
-  extern template void portable::attend_heads<bf16, M>(const float*, int64_t, int, const KvView&, int, int64_t,   \
-                                                       int64_t, const M&, float, float*, float*, Scratch&);        \
-  extern template void portable::attend_heads<Q8Code, M>(const float*, int64_t, int, const KvView&, int, int64_t, \
-                                                         int64_t, const M&, float, float*, float*, Scratch&);      \
+  extern template void portable::attend<M>(const KernelChoice&, const float*, int64_t, int, const KvView&, int,     \
+                                           int64_t, int64_t, const M&, float, float*, float*, Scratch&);           \
   CASCADE_CPU_KERNEL_EXTERN_X86(M)                                                                                \
   extern template void run_kernel<M>(const KernelChoice&, const float*, int64_t, int, const KvView&, int, int64_t, \
                                      int64_t, const M&, float, float*, float*, Scratch&);

@@ -21,6 +21,16 @@ struct V {
   using reg = __m256;
   using msk = __m256;  // all-ones lanes
   static constexpr int W = 8;
+  using quad = __m128;  // sum4's result
+  static void store4(float* p, quad x) { _mm_storeu_ps(p, x); }
+  static void store_lo2(float* p, quad x) { _mm_storel_pi(reinterpret_cast<__m64*>(p), x); }
+  static void store_hi2(float* p, quad x) { _mm_storeh_pi(reinterpret_cast<__m64*>(p), x); }
+  static float half(uint16_t bits) { return _cvtsh_ss(bits); }
+  static float fma1(float a, float b, float c) { return std::fma(a, b, c); }  // fmadd on one lane
+  static void prefetch(const void* p, bool to_l1) {
+    if (to_l1) _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
+    else _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1);
+  }
   // p * 2^n as (p + p) * 2^(n - 1), 2^(n - 1) built in the exponent field: n = kExp2Min gives the field 0, exactly 0,
   // and every other result is a normal number (a subnormal costs a microcode assist on Intel cores).
   static constexpr float kExp2Min = -126.0f;
