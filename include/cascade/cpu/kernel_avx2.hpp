@@ -17,10 +17,9 @@
 CASCADE_TARGET_AVX2_BEGIN
 namespace cascade::cpu::avx2 {
 
-struct V {
-  using reg = __m256;
-  using msk = __m256;  // all-ones lanes
-  static constexpr int W = 8;
+// The parts of V the x86 tiers share (the AVX-512 tier's V derives from it too): sum4's 128-bit result and its
+// stores, one f16 as f32, fmadd on one float, and the prefetches.
+struct X86Common {
   using quad = __m128;  // sum4's result
   static void store4(float* p, quad x) { _mm_storeu_ps(p, x); }
   static void store_lo2(float* p, quad x) { _mm_storel_pi(reinterpret_cast<__m64*>(p), x); }
@@ -31,6 +30,12 @@ struct V {
     if (to_l1) _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
     else _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1);
   }
+};
+
+struct V : X86Common {
+  using reg = __m256;
+  using msk = __m256;  // all-ones lanes
+  static constexpr int W = 8;
   // p * 2^n as (p + p) * 2^(n - 1), 2^(n - 1) built in the exponent field: n = kExp2Min gives the field 0, exactly 0,
   // and every other result is a normal number (a subnormal costs a microcode assist on Intel cores).
   static constexpr float kExp2Min = -126.0f;

@@ -48,20 +48,10 @@ CASCADE_ALWAYS_INLINE void transpose16(__m512i (&r)[16]) {
   for (int i = 0; i < 16; ++i) r[i] = a[i];
 }
 
-struct V {
+struct V : avx2::X86Common {
   using reg = __m512;
   using msk = __mmask16;
   static constexpr int W = 16;
-  using quad = __m128;  // sum4's result
-  static void store4(float* p, quad x) { _mm_storeu_ps(p, x); }
-  static void store_lo2(float* p, quad x) { _mm_storel_pi(reinterpret_cast<__m64*>(p), x); }
-  static void store_hi2(float* p, quad x) { _mm_storeh_pi(reinterpret_cast<__m64*>(p), x); }
-  static float half(uint16_t bits) { return _cvtsh_ss(bits); }
-  static float fma1(float a, float b, float c) { return std::fma(a, b, c); }  // fmadd on one lane
-  static void prefetch(const void* p, bool to_l1) {
-    if (to_l1) _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
-    else _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1);
-  }
   // n = kExp2Min gives exactly 0 (a masked score, or one 2^-125 below the row's max), and every other result
   // p * 2^n (p in [2^-0.5, 2^0.5], n > kExp2Min) is a normal number. An instruction whose result is subnormal
   // or underflows to 0 takes a microcode assist on Intel cores: with a lower floor every masked lane cost one
