@@ -93,8 +93,8 @@ inline Target target(int n_threads, int head_dim, const KernelOptions& kernels =
 }
 inline Target target(const Options& opt, int head_dim) {
   Target t = target(opt.n_threads, head_dim, opt.kernels ? *opt.kernels : KernelOptions::process());
-  // Blocks buy nothing where a kernel for the K/V type has no batch-invariant order (bf16 or int8 products, the
-  // portable tier): none there.
+  // Blocks buy nothing where a kernel for the K/V type has no batch-invariant order (bf16 or int8 products): none
+  // there.
   if (!t.kernel_choices(kTiledKernel, opt.kv_dtype).batch_invariant ||
       !t.kernel_choices(kFewRowsKernel, opt.kv_dtype).batch_invariant) {
     t.block = t.fold = t.key_step = 0;

@@ -209,7 +209,7 @@ inline KernelChoice choose_kernel_products(KernelShape shape, DType dt, int head
 }
 
 // As choose_kernel_products, in the batch-invariant order where o asks for it and the choice has one (f32
-// products on the AVX2 and AVX-512 tiers).
+// products, on every tier).
 inline KernelChoice choose_kernel(KernelShape shape, DType dt, int head_dim, const KernelOptions& o) {
   KernelChoice c = choose_kernel_products(shape, dt, head_dim, o);
   c.batch_invariant = o.batch_invariant && c.products == Products::f32;
